@@ -1,0 +1,332 @@
+"""The FileSegment provider interface: a small abstract core, and the base class that owns the rest.
+
+A provider implements seven coroutines on one file of cold storage — ``_real_size``, ``_exists``,
+``_create``, ``_destroy``, ``_read``, ``_commit`` and ``_truncate`` — and a ``Provider`` factory
+that makes segments and lists what exists. The base class owns append buffers, the append and
+commit positions, the max size, the single in-flight commit and failure correction: when a commit
+raises, it asks the provider for the real size and moves the commit position there, so bytes that
+landed although the reply was lost are never written twice and the rest is retried from the buffer.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tieredstore.errors import SizeUnknownError, StorageError, ValidationError
+from tieredstore.formats.naming import FileType, segment_key
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+DEFAULT_MAX_SIZE: dict[FileType, int | None] = {
+    FileType.COMMIT_LOG: GIB,
+    FileType.CONSUME_QUEUE: 100 * MIB,
+    FileType.INDEX: None,  # unbounded
+}
+DEFAULT_MAX_PENDING_BUFFERS = 10_000
+
+
+class AppendResult(enum.Enum):
+    """What ``FileSegment.append`` did; never a string."""
+
+    SUCCESS = "SUCCESS"
+    FILE_FULL = "FILE_FULL"
+    BUFFER_FULL = "BUFFER_FULL"
+    FILE_CLOSED = "FILE_CLOSED"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentId:
+    """Which file of cold storage: its type, the logical folder of its queue and its base offset."""
+
+    file_type: FileType
+    path: str
+    base_offset: int
+
+    @property
+    def key(self) -> str:
+        return segment_key(self.path, self.file_type, self.base_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """``length`` bytes from ``start`` within one segment."""
+
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.length < 0:
+            raise ValidationError(f"byte range start={self.start} length={self.length} must not be negative")
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+class FileSegment(abc.ABC):
+    """One file of cold storage with buffered appends and a commit position.
+
+    ``commit_position`` is how many bytes are durable in the provider; ``append_position`` adds
+    the buffered bytes not committed yet. Reads see only committed bytes and are trimmed at the
+    commit position: a read wholly past it returns ``b""``.
+    """
+
+    def __init__(
+        self,
+        segment_id: SegmentId,
+        *,
+        commit_position: int = 0,
+        max_size: int | None = None,
+        max_pending_buffers: int = DEFAULT_MAX_PENDING_BUFFERS,
+    ) -> None:
+        self.segment_id = segment_id
+        self.max_size = max_size if max_size is not None else DEFAULT_MAX_SIZE[segment_id.file_type]
+        self.max_pending_buffers = max_pending_buffers
+        self._commit_position = commit_position
+        self._buffers: list[bytes] = []
+        self._buffered_bytes = 0
+        self._commit_lock = asyncio.Lock()
+        self._closed = False
+        self.min_timestamp: int | None = None
+        self.max_timestamp: int | None = None
+
+    # ---- the abstract core a provider implements -------------------------------------------------
+
+    @abc.abstractmethod
+    async def _real_size(self) -> int:
+        """Bytes durable in storage: 0 when the file does not exist; SizeUnknownError when unknowable."""
+
+    @abc.abstractmethod
+    async def _exists(self) -> bool:
+        """Whether the file exists in storage."""
+
+    @abc.abstractmethod
+    async def _create(self) -> None:
+        """Create the empty file; creating an existing file is not an error."""
+
+    @abc.abstractmethod
+    async def _destroy(self) -> None:
+        """Remove the file and everything it holds; a missing file is not an error."""
+
+    @abc.abstractmethod
+    async def _read(self, position: int, length: int) -> bytes:
+        """Exactly ``length`` committed bytes from ``position`` (the base class has trimmed the range)."""
+
+    @abc.abstractmethod
+    async def _commit(self, position: int, data: bytes) -> None:
+        """Make ``data`` durable at ``position`` (always the current end); raise a StorageError on failure."""
+
+    @abc.abstractmethod
+    async def _truncate(self, size: int) -> None:
+        """Remove every byte at or after ``size`` (recovery of orphan bytes); a no-op past the end."""
+
+    # ---- identity and positions ------------------------------------------------------------------
+
+    @property
+    def file_type(self) -> FileType:
+        return self.segment_id.file_type
+
+    @property
+    def base_offset(self) -> int:
+        return self.segment_id.base_offset
+
+    @property
+    def key(self) -> str:
+        return self.segment_id.key
+
+    @property
+    def commit_position(self) -> int:
+        return self._commit_position
+
+    @property
+    def append_position(self) -> int:
+        return self._commit_position + self._buffered_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._buffered_bytes
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_full(self) -> bool:
+        return self.max_size is not None and self.append_position >= self.max_size
+
+    def close(self) -> None:
+        """Refuse further appends (FILE_CLOSED); buffered bytes may still be committed."""
+        self._closed = True
+
+    # ---- appends and commits ---------------------------------------------------------------------
+
+    def append(self, data: bytes, timestamp: int | None = None) -> AppendResult:
+        """Buffer ``data`` at the append position. An empty segment admits one append of any size."""
+        if self._closed:
+            return AppendResult.FILE_CLOSED
+        if len(self._buffers) >= self.max_pending_buffers:
+            return AppendResult.BUFFER_FULL
+        if (
+            self.max_size is not None
+            and self.append_position > 0
+            and self.append_position + len(data) > self.max_size
+        ):
+            return AppendResult.FILE_FULL
+        self._buffers.append(bytes(data))
+        self._buffered_bytes += len(data)
+        if timestamp is not None:
+            self.min_timestamp = timestamp if self.min_timestamp is None else min(self.min_timestamp, timestamp)
+            self.max_timestamp = timestamp if self.max_timestamp is None else max(self.max_timestamp, timestamp)
+        return AppendResult.SUCCESS
+
+    async def commit(self) -> None:
+        """Make every buffered byte durable, one commit in flight at a time.
+
+        On failure the commit position is corrected from the provider's real size (when it can be
+        known) and the bytes that did not land stay buffered for the next call; the error is re-raised.
+        """
+        async with self._commit_lock:
+            if not self._buffers:
+                return
+            data = b"".join(self._buffers) if len(self._buffers) > 1 else self._buffers[0]
+            position = self._commit_position
+            try:
+                await self._commit(position, data)
+            except Exception:
+                await self._correct_after_failure(position, data)
+                raise
+            self._mark_committed(len(data), data)
+
+    async def _correct_after_failure(self, position: int, data: bytes) -> None:
+        try:
+            real = await self._real_size()
+        except StorageError:
+            return  # unknowable now: keep everything buffered, the next commit corrects again
+        landed = real - position
+        if 0 < landed <= len(data):
+            self._mark_committed(landed, data)
+
+    def _mark_committed(self, count: int, data: bytes) -> None:
+        self._commit_position += count
+        rest = data[count:]
+        self._buffers = [rest] if rest else []
+        self._buffered_bytes = len(rest)
+
+    async def correct_commit_position(self) -> int:
+        """Set the commit position to the provider's real size (after a restart or a lost reply).
+
+        Buffered bytes that the provider already holds are dropped from the buffer; returns the
+        corrected position. Raises SizeUnknownError when storage cannot say.
+        """
+        async with self._commit_lock:
+            real = await self._real_size()
+            if real > self._commit_position and self._buffers:
+                data = b"".join(self._buffers)
+                landed = min(real - self._commit_position, len(data))
+                self._mark_committed(landed, data)
+            self._commit_position = real
+            return real
+
+    # ---- reads and life cycle --------------------------------------------------------------------
+
+    async def read(self, position: int, length: int) -> bytes:
+        """Committed bytes in [position, position + length), trimmed at the commit position."""
+        request = ByteRange(position, length)
+        end = min(request.end, self._commit_position)
+        if end <= request.start:
+            return b""
+        return await self._read(request.start, end - request.start)
+
+    async def read_ranges(self, ranges: Sequence[ByteRange]) -> list[bytes]:
+        return [await self.read(r.start, r.length) for r in ranges]
+
+    async def real_size(self) -> int:
+        """The provider's durable size: 0 for a missing file; SizeUnknownError when it cannot know."""
+        return await self._real_size()
+
+    async def exists(self) -> bool:
+        return await self._exists()
+
+    async def create(self) -> None:
+        await self._create()
+
+    async def destroy(self) -> None:
+        """Delete the file from storage; the segment is closed and its buffers dropped."""
+        self._closed = True
+        self._buffers = []
+        self._buffered_bytes = 0
+        await self._destroy()
+
+    async def truncate(self, size: int) -> None:
+        """Drop committed bytes at and after ``size`` (crash recovery of unreferenced bytes)."""
+        async with self._commit_lock:
+            if size < 0:
+                raise ValidationError(f"cannot truncate to negative size {size}")
+            await self._truncate(size)
+            self._commit_position = min(self._commit_position, size)
+            self._buffers = []
+            self._buffered_bytes = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.key!r}, commit={self._commit_position}, "
+            f"append={self.append_position})"
+        )
+
+
+class Provider(abc.ABC):
+    """A cold-storage root: makes FileSegments for logical paths and lists what exists.
+
+    ``url`` never carries credentials; ``scheme`` names the registry entry that built it.
+    """
+
+    scheme: ClassVar[str]
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @abc.abstractmethod
+    def segment(
+        self,
+        file_type: FileType,
+        path: str,
+        base_offset: int,
+        *,
+        commit_position: int = 0,
+        max_size: int | None = None,
+    ) -> FileSegment:
+        """A handle on one segment; no I/O happens until it is used."""
+
+    @abc.abstractmethod
+    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
+        """Base offsets of the segments of ``file_type`` under ``path`` that exist, ascending."""
+
+    @abc.abstractmethod
+    async def list_children(self, path: str) -> list[str]:
+        """Names of the folders directly under ``path`` ('' is the root); for metadata-free discovery."""
+
+    async def close(self) -> None:
+        """Release connections; the default holds none."""
+
+    async def __aenter__(self) -> Provider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = [
+    "DEFAULT_MAX_SIZE",
+    "AppendResult",
+    "ByteRange",
+    "FileSegment",
+    "Provider",
+    "SegmentId",
+    "SizeUnknownError",
+]

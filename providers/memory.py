@@ -1,0 +1,92 @@
+"""The ``memory://NAME`` provider: segments in a process-wide dict, for tests and the embedded demo.
+
+Two providers built from the same URL see the same bytes, so a test can "restart" by making a new one.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from tieredstore.formats.naming import FileType, parse_segment_name
+from tieredstore.providers.base import FileSegment, Provider, SegmentId
+
+_VOLUMES: dict[str, dict[str, bytearray]] = {}
+
+
+class MemorySegment(FileSegment):
+    """A segment whose bytes live in a bytearray of its provider's volume."""
+
+    def __init__(self, volume: dict[str, bytearray], segment_id: SegmentId, **kwargs: int | None) -> None:
+        super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
+        self._volume = volume
+
+    async def _real_size(self) -> int:
+        data = self._volume.get(self.key)
+        return 0 if data is None else len(data)
+
+    async def _exists(self) -> bool:
+        return self.key in self._volume
+
+    async def _create(self) -> None:
+        self._volume.setdefault(self.key, bytearray())
+
+    async def _destroy(self) -> None:
+        self._volume.pop(self.key, None)
+
+    async def _read(self, position: int, length: int) -> bytes:
+        return bytes(self._volume.get(self.key, b"")[position : position + length])
+
+    async def _commit(self, position: int, data: bytes) -> None:
+        stored = self._volume.setdefault(self.key, bytearray())
+        del stored[position:]
+        stored.extend(data)
+
+    async def _truncate(self, size: int) -> None:
+        stored = self._volume.get(self.key)
+        if stored is not None:
+            del stored[size:]
+
+
+class MemoryProvider(Provider):
+    """All segments of one ``memory://NAME`` volume."""
+
+    scheme: ClassVar[str] = "memory"
+
+    def __init__(self, url: str = "memory://default") -> None:
+        super().__init__(url)
+        name = url.split("://", 1)[-1]
+        self.volume = _VOLUMES.setdefault(name, {})
+
+    def segment(
+        self,
+        file_type: FileType,
+        path: str,
+        base_offset: int,
+        *,
+        commit_position: int = 0,
+        max_size: int | None = None,
+    ) -> MemorySegment:
+        return MemorySegment(
+            self.volume,
+            SegmentId(file_type, path, base_offset),
+            commit_position=commit_position,
+            max_size=max_size,
+        )
+
+    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
+        prefix = f"{path}/{file_type.value}/"
+        names = [key[len(prefix) :] for key in self.volume if key.startswith(prefix)]
+        return sorted(parse_segment_name(n) for n in names if "/" not in n)
+
+    async def list_children(self, path: str) -> list[str]:
+        prefix = f"{path}/" if path else ""
+        children = {key[len(prefix) :].split("/", 1)[0] for key in self.volume if key.startswith(prefix)}
+        return sorted(children)
+
+    @staticmethod
+    def wipe(name: str | None = None) -> None:
+        """Forget one volume (or all): for test isolation."""
+        if name is None:
+            _VOLUMES.clear()
+        else:
+            _VOLUMES.pop(name, None)

@@ -1,0 +1,23 @@
+"""Root of the test suite: isolation from the user's environment and the shared backend fixtures."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+# Real backends, one plugin module each: a moto S3 server over HTTP, the PostgreSQL server.
+pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.postgres", "tests.fixtures.backends"]
+
+
+@pytest.fixture(autouse=True)
+def _isolate_tieredstore_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """No TIEREDSTORE_* or AWS_* variable of the developer's shell reaches a test; HOME is a temp dir."""
+    for name in list(os.environ):
+        if name.startswith(("TIEREDSTORE_", "AWS_")):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    yield

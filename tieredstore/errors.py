@@ -1,0 +1,133 @@
+"""The one exception tree of tieredstore; every layer raises from here.
+
+    TieredStoreError
+    ├── ConfigError (ValueError)                 bad config file, env or flag
+    ├── ValidationError (ValueError)             bad input from a caller
+    │   ├── InvalidTopicError                    topic name breaks RocketMQ's rule
+    │   ├── InvalidQueueError                    queue id out of range
+    │   ├── MessageTooLargeError                 body above max_message_size
+    │   └── InvalidPropertyError                 property name/value holds a separator byte
+    ├── NotFoundError (LookupError)              a topic, queue, segment or message that does not exist
+    ├── IntegrityError                           bytes that do not decode: bad magic, length or CRC
+    │   └── CorruptRecordError                   names where the bad record is
+    ├── StorageError (OSError)                   the cold tier failed
+    │   ├── StorageUnavailableError              unreachable / outage; retryable
+    │   ├── StorageAccessError (PermissionError) credentials or permissions; not retried
+    │   ├── PathEscapeError (PermissionError)    a logical path that would leave the provider's root
+    │   ├── SegmentNotFoundError (FileNotFoundError)
+    │   ├── CommitConflictError                  a chunk already exists with other bytes (fenced writer)
+    │   └── SizeUnknownError                     the real size cannot be known right now (never -1)
+    ├── StoreFullError (OSError)                 the hot store is above its disk watermark
+    ├── MetadataError
+    │   ├── SchemaVersionError                   database unmigrated or at an unknown revision
+    │   ├── ConcurrentUpdateError                optimistic check lost to another writer
+    │   └── LeaseLostError                       another archiver owns the queue now
+    └── MissingExtraError (ImportError)          a URL scheme whose optional dependency is not installed
+
+Leaves inherit the matching built-in so callers can catch ``FileNotFoundError`` or
+``PermissionError`` without knowing this module. Messages never carry credentials.
+"""
+
+from __future__ import annotations
+
+
+class TieredStoreError(Exception):
+    """Base of every error tieredstore raises on purpose."""
+
+
+class ConfigError(TieredStoreError, ValueError):
+    """A config file, environment variable or flag is malformed or out of range."""
+
+
+class ValidationError(TieredStoreError, ValueError):
+    """Input from a caller breaks a rule; nothing was written."""
+
+
+class InvalidTopicError(ValidationError):
+    """A topic name that RocketMQ's rule forbids (this also rules out path traversal)."""
+
+
+class InvalidQueueError(ValidationError):
+    """A queue id outside 0..max_queues_per_topic-1."""
+
+
+class MessageTooLargeError(ValidationError):
+    """A message body above max_message_size."""
+
+
+class InvalidPropertyError(ValidationError):
+    """A property name or value containing the separator bytes 0x01 / 0x02."""
+
+
+class NotFoundError(TieredStoreError, LookupError):
+    """A topic, queue, segment or message that does not exist."""
+
+
+class IntegrityError(TieredStoreError):
+    """Bytes that do not decode as what they claim to be."""
+
+
+class CorruptRecordError(IntegrityError):
+    """A record whose magic, size or CRC is wrong, with its location."""
+
+    def __init__(self, message: str, *, location: str | None = None, offset: int | None = None) -> None:
+        self.location = location
+        self.offset = offset
+        where = ""
+        if location is not None:
+            where = f" in {location}"
+        if offset is not None:
+            where += f" at offset {offset}"
+        super().__init__(f"{message}{where}")
+
+
+class StorageError(TieredStoreError, OSError):
+    """The cold tier failed to do what was asked."""
+
+
+class StorageUnavailableError(StorageError):
+    """The storage cannot be reached now (network, 5xx, throttling); a retry may succeed."""
+
+
+class StorageAccessError(StorageError, PermissionError):
+    """Credentials or permissions were refused; retrying will not help."""
+
+
+class PathEscapeError(StorageError, PermissionError):
+    """A logical path that would resolve outside the provider's root."""
+
+
+class SegmentNotFoundError(StorageError, FileNotFoundError):
+    """A segment that the provider does not hold."""
+
+
+class CommitConflictError(StorageError):
+    """A chunk at this position already exists with different bytes; nothing was overwritten."""
+
+
+class SizeUnknownError(StorageError):
+    """The real size of a segment cannot be learned right now; distinct from a size of 0."""
+
+
+class StoreFullError(TieredStoreError, OSError):
+    """The hot store's disk is above its high watermark; the put was refused, nothing was written."""
+
+
+class MetadataError(TieredStoreError):
+    """The metadata store failed or refused."""
+
+
+class SchemaVersionError(MetadataError):
+    """The database schema is not the one this version of tieredstore knows."""
+
+
+class ConcurrentUpdateError(MetadataError):
+    """Another writer changed the row first (optimistic concurrency check failed)."""
+
+
+class LeaseLostError(MetadataError):
+    """This archiver no longer holds the lease on a queue; it must stop writing it."""
+
+
+class MissingExtraError(TieredStoreError, ImportError):
+    """A feature whose optional dependency is not installed; the message says what to install."""

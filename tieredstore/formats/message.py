@@ -1,0 +1,323 @@
+"""RocketMQ's stored-message record (v1 and v2 layouts): encode, decode and scan; pure functions.
+
+Layout, big-endian: TOTALSIZE(4) MAGICCODE(4) BODYCRC(4) QUEUEID(4) FLAG(4) QUEUEOFFSET(8)
+PHYSICALOFFSET(8) SYSFLAG(4) BORNTIMESTAMP(8) BORNHOST(8|20) STORETIMESTAMP(8) STOREHOST(8|20)
+RECONSUMETIMES(4) PREPAREDTXOFFSET(8) BODYLEN(4)+BODY TOPICLEN(1|2)+TOPIC PROPLEN(2)+PROPERTIES.
+
+v1 (magic 0xdaa320a7) has a 1-byte topic length; v2 (0xdaa320ab) a 2-byte one, used for topics
+longer than 127 bytes. A host is IPv4 (4 + port 4) unless its sysflag bit says IPv6 (16 + 4).
+A file ends in a blank record (magic 0xcbd43194, TOTALSIZE = bytes left) when the next record
+does not fit.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from tieredstore.errors import CorruptRecordError, InvalidPropertyError
+
+MAGIC_V1 = 0xDAA320A7
+MAGIC_V2 = 0xDAA320AB
+MAGIC_BLANK = 0xCBD43194
+
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# Offsets of the fixed-position fields every record has.
+POS_TOTAL_SIZE = 0
+POS_MAGIC = 4
+POS_BODY_CRC = 8
+POS_QUEUE_ID = 12
+POS_QUEUE_OFFSET = 20
+POS_PHYSICAL_OFFSET = 28
+POS_SYSFLAG = 36
+POS_BORN_TIMESTAMP = 40
+POS_BORN_HOST = 48
+HEADER_PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
+MIN_RECORD_SIZE = 48 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
+BLANK_HEADER = struct.Struct(">iI")
+
+
+def body_crc(body: bytes) -> int:
+    """CRC32 of the body with the sign bit cleared, as RocketMQ stores it."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit wrap-around), signed."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tag_hash(tags: str | None) -> int:
+    """The consume-queue tag code: Java hashCode of the TAGS property, sign-extended; 0 without tags."""
+    return java_string_hash(tags) if tags else 0
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """``name\\x01value\\x02`` pairs in the mapping's order."""
+    parts = []
+    for name, value in properties.items():
+        for text in (name, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise InvalidPropertyError(
+                    f"property {name!r} contains a separator byte (0x01 or 0x02), which the format reserves"
+                )
+        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    """Parse ``name\\x01value\\x02`` pairs; tolerant of a missing final separator as RocketMQ is."""
+    result: dict[str, str] = {}
+    if not raw:
+        return result
+    text = raw.decode("utf-8", errors="replace")
+    for pair in text.split(PROPERTY_SEPARATOR):
+        if not pair:
+            continue
+        name, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            result[name] = value
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class HostAddress:
+    """A host as the record stores it: an IPv4 or IPv6 address and a port."""
+
+    ip: str
+    port: int
+
+    @property
+    def is_ipv6(self) -> bool:
+        return ":" in self.ip
+
+    def encode(self) -> bytes:
+        return ipaddress.ip_address(self.ip).packed + struct.pack(">i", self.port)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> HostAddress:
+        return cls(str(ipaddress.ip_address(raw[:-4])), struct.unpack(">i", raw[-4:])[0])
+
+    def __str__(self) -> str:
+        return f"[{self.ip}]:{self.port}" if self.is_ipv6 else f"{self.ip}:{self.port}"
+
+
+LOCALHOST = HostAddress("127.0.0.1", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One decoded stored message. ``encode()`` reproduces the bytes it was decoded from."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_offset: int = 0
+    physical_offset: int = 0
+    flag: int = 0
+    sysflag: int = 0
+    born_timestamp: int = 0
+    born_host: HostAddress = LOCALHOST
+    store_timestamp: int = 0
+    store_host: HostAddress = LOCALHOST
+    reconsume_times: int = 0
+    prepared_tx_offset: int = 0
+    body_crc: int | None = None  # None: computed from body on encode
+    magic: int | None = None  # None: v1 unless the topic needs v2
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(PROPERTY_KEYS, "").split(" ") if k]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS) or None
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY) or None
+
+    @property
+    def stored_crc(self) -> int:
+        return body_crc(self.body) if self.body_crc is None else self.body_crc
+
+    @property
+    def offset_msg_id(self) -> str:
+        """RocketMQ's offset message id: store host ip + port, then physical offset, upper-case hex."""
+        return (self.store_host.encode() + struct.pack(">q", self.physical_offset)).hex().upper()
+
+    def with_physical_offset(self, offset: int) -> MessageRecord:
+        return replace(self, physical_offset=offset)
+
+    def encode(self) -> bytes:
+        topic_raw = self.topic.encode("utf-8")
+        magic = self.magic if self.magic is not None else (MAGIC_V2 if len(topic_raw) > 127 else MAGIC_V1)
+        props_raw = encode_properties(self.properties)
+        if len(props_raw) > 0x7FFF:
+            raise InvalidPropertyError(f"properties are {len(props_raw)} bytes; the format allows 32767")
+        sysflag = self.sysflag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+        if self.born_host.is_ipv6:
+            sysflag |= SYSFLAG_BORNHOST_V6
+        if self.store_host.is_ipv6:
+            sysflag |= SYSFLAG_STOREHOST_V6
+        topic_len = struct.pack(">h", len(topic_raw)) if magic == MAGIC_V2 else struct.pack(">b", len(topic_raw))
+        tail = b"".join(
+            (
+                self.born_host.encode(),
+                struct.pack(">q", self.store_timestamp),
+                self.store_host.encode(),
+                struct.pack(">iqi", self.reconsume_times, self.prepared_tx_offset, len(self.body)),
+                self.body,
+                topic_len,
+                topic_raw,
+                struct.pack(">h", len(props_raw)),
+                props_raw,
+            )
+        )
+        total = HEADER_PREFIX.size + len(tail)
+        head = HEADER_PREFIX.pack(
+            total,
+            magic,
+            self.stored_crc,
+            self.queue_id,
+            self.flag,
+            self.queue_offset,
+            self.physical_offset,
+            sysflag,
+            self.born_timestamp,
+        )
+        return head + tail
+
+
+def blank_record(size: int) -> bytes:
+    """The end-of-file filler: TOTALSIZE = size, blank magic, zeros after."""
+    return BLANK_HEADER.pack(size, MAGIC_BLANK) + bytes(max(0, size - BLANK_HEADER.size))
+
+
+def record_size_at(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
+    """(total size, magic) of the record starting at ``pos``; raises if fewer than 8 bytes remain."""
+    if len(buf) - pos < BLANK_HEADER.size:
+        raise CorruptRecordError("truncated record header", offset=pos)
+    size, magic = BLANK_HEADER.unpack_from(buf, pos)
+    return size, magic
+
+
+def decode(
+    buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True, location: str | None = None
+) -> MessageRecord:
+    """Decode the record at ``pos``; every inconsistency is a CorruptRecordError naming the offset."""
+
+    def corrupt(reason: str) -> CorruptRecordError:
+        return CorruptRecordError(reason, location=location, offset=pos)
+
+    available = len(buf) - pos
+    if available < MIN_RECORD_SIZE:
+        raise corrupt(f"truncated record: {available} bytes left, a record needs at least {MIN_RECORD_SIZE}")
+    (total, magic, crc, queue_id, flag, queue_offset, physical_offset, sysflag, born_ts) = HEADER_PREFIX.unpack_from(
+        buf, pos
+    )
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise corrupt(f"bad magic code 0x{magic & 0xFFFFFFFF:08x}")
+    if total < MIN_RECORD_SIZE or total > available:
+        raise corrupt(f"record size {total} does not fit the {available} bytes available")
+    end = pos + total
+    cur = pos + HEADER_PREFIX.size
+    try:
+        born_len = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
+        born_host = HostAddress.decode(bytes(buf[cur : cur + born_len]))
+        cur += born_len
+        (store_ts,) = struct.unpack_from(">q", buf, cur)
+        cur += 8
+        store_len = 20 if sysflag & SYSFLAG_STOREHOST_V6 else 8
+        store_host = HostAddress.decode(bytes(buf[cur : cur + store_len]))
+        cur += store_len
+        reconsume, prepared, body_len = struct.unpack_from(">iqi", buf, cur)
+        cur += 16
+        if body_len < 0 or cur + body_len > end:
+            raise corrupt(f"body length {body_len} runs past the record end")
+        body = bytes(buf[cur : cur + body_len])
+        cur += body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = struct.unpack_from(">h", buf, cur)
+            cur += 2
+        else:
+            (topic_len,) = struct.unpack_from(">b", buf, cur)
+            cur += 1
+        if topic_len < 0 or cur + topic_len > end:
+            raise corrupt(f"topic length {topic_len} runs past the record end")
+        topic = bytes(buf[cur : cur + topic_len]).decode("utf-8")
+        cur += topic_len
+        (props_len,) = struct.unpack_from(">h", buf, cur)
+        cur += 2
+        if props_len < 0 or cur + props_len != end:
+            raise corrupt(f"properties length {props_len} does not end at the record size {total}")
+        properties = decode_properties(bytes(buf[cur : cur + props_len]))
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise corrupt(f"undecodable record: {exc}") from exc
+    if check_crc and body_crc(body) != crc:
+        raise corrupt(f"body CRC mismatch: stored {crc}, computed {body_crc(body)}")
+    return MessageRecord(
+        topic=topic,
+        queue_id=queue_id,
+        body=body,
+        properties=properties,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        flag=flag,
+        sysflag=sysflag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_tx_offset=prepared,
+        body_crc=crc,
+        magic=magic,
+    )
+
+
+def rewrite_physical_offset(raw: bytes, offset: int) -> bytes:
+    """The same record bytes with PHYSICALOFFSET set to ``offset`` (nothing else changes)."""
+    out = bytearray(raw)
+    struct.pack_into(">q", out, POS_PHYSICAL_OFFSET, offset)
+    return bytes(out)
+
+
+def store_timestamp_of(raw: bytes | memoryview, pos: int = 0) -> int:
+    """STORETIMESTAMP of the record at ``pos`` without decoding the rest."""
+    (sysflag,) = struct.unpack_from(">i", raw, pos + POS_SYSFLAG)
+    born_len = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
+    (ts,) = struct.unpack_from(">q", raw, pos + POS_BORN_HOST + born_len)
+    return int(ts)
+
+
+def iter_records(
+    buf: bytes | memoryview, start: int = 0, *, check_crc: bool = True, location: str | None = None
+) -> Iterator[tuple[int, MessageRecord]]:
+    """Yield (position, record) for consecutive records until the buffer or a blank record ends them."""
+    pos = start
+    while len(buf) - pos >= BLANK_HEADER.size:
+        size, magic = record_size_at(buf, pos)
+        if magic == MAGIC_BLANK or (size == 0 and magic == 0):
+            return
+        record = decode(buf, pos, check_crc=check_crc, location=location)
+        yield pos, record
+        pos += size
