@@ -20,4 +20,4 @@ def _isolate_tieredstore_environment(
         if name.startswith(("TIEREDSTORE_", "AWS_")):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-    yield
+    return

@@ -1,0 +1,72 @@
+"""One output abstraction for every command: rich tables for people, stable JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+OutputFormat = Literal["text", "json"]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "value") and hasattr(value, "name"):  # enums
+        return value.value
+    return value
+
+
+class Output:
+    """Where a command's results go; chosen once at the root command by ``--output``."""
+
+    def __init__(self, fmt: OutputFormat = "text") -> None:
+        self.format = fmt
+        self.console = Console(soft_wrap=True)
+        self.err = Console(stderr=True, soft_wrap=True)
+
+    @property
+    def is_json(self) -> bool:
+        return self.format == "json"
+
+    def table(self, title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+        """A list of records: a table in text mode, ``{"title":..., "rows": [...]}`` in JSON."""
+        if self.is_json:
+            self.json({"title": title, "rows": [dict(r) for r in rows]})
+            return
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+        self.console.print(table)
+
+    def record(self, title: str, values: Mapping[str, Any]) -> None:
+        """One record: ``key: value`` lines in text mode, the object in JSON."""
+        if self.is_json:
+            self.json(dict(values))
+            return
+        self.console.print(f"[bold]{title}[/bold]")
+        for key, value in values.items():
+            self.console.print(f"  {key}: {value}", markup=False, highlight=False)
+
+    def json(self, value: Any) -> None:
+        sys.stdout.write(json.dumps(_jsonable(value), sort_keys=True) + "\n")
+        sys.stdout.flush()
+
+    def line(self, text: str) -> None:
+        if self.is_json:
+            return
+        self.console.print(text, markup=False, highlight=False)
+
+    def note(self, text: str) -> None:
+        """Progress and remarks for people; on stderr so JSON on stdout stays clean."""
+        self.err.print(text, markup=False, highlight=False)

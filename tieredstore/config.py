@@ -1,0 +1,230 @@
+"""Configuration: a TOML file, then ``TIEREDSTORE_*`` environment variables, then flags; frozen after load.
+
+Every knob of DESIGN.md has one field here with its default. Nested sections map to TOML tables and
+to environment variables with a double underscore: ``[archiver] group_commit_count = 8`` is the
+same as ``TIEREDSTORE_ARCHIVER__GROUP_COMMIT_COUNT=8``. Unknown keys are errors, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from tieredstore.errors import ConfigError
+
+MIB = 1 << 20
+GIB = 1 << 30
+DEFAULT_DATA_DIR = Path("tieredstore-data")
+CONFIG_ENV = "TIEREDSTORE_CONFIG"
+
+
+class ReadPolicy(enum.StrEnum):
+    """Which tier serves a read (RocketMQ's TieredStorageLevel)."""
+
+    DISABLE = "DISABLE"  # hot only
+    NOT_IN_DISK = "NOT_IN_DISK"  # cold only when the hot store no longer has the offset
+    NOT_IN_MEM = "NOT_IN_MEM"  # cold when the hot copy is not resident in memory
+    FORCE = "FORCE"  # cold always
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class S3Settings(_Section):
+    """Connection to S3 or an S3-compatible service; credentials are secrets and never printed."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    sse: Literal["AES256", "aws:kms"] | None = None
+    sse_kms_key_id: str | None = None
+    max_attempts: int = Field(default=5, ge=1, le=50)
+
+
+class HotSettings(_Section):
+    """The local hot store."""
+
+    commit_log_file_size: int = Field(default=GIB, ge=4096)
+    consume_queue_units_per_file: int = Field(default=300_000, ge=1)
+    max_message_size: int = Field(default=4 * MIB, ge=1)
+    max_queues_per_topic: int = Field(default=1024, ge=1)
+    flush_mode: Literal["async", "sync"] = "async"
+    flush_interval: float = Field(default=0.5, gt=0)
+    hot_retention_hours: float = Field(default=72, ge=0)
+    hot_disk_high_watermark: float = Field(default=0.95, gt=0, le=1)
+
+
+class SegmentSettings(_Section):
+    """Cold segments: sizes and commit-log rolling."""
+
+    commit_log_max_size: int = Field(default=GIB, ge=4096)
+    consume_queue_max_size: int = Field(default=100 * MIB, ge=20)
+    commit_log_rolling_interval: float = Field(default=24 * 3600, gt=0, description="seconds")
+    commit_log_rolling_min_size: int = Field(default=16 * MIB, ge=0)
+
+
+class ArchiverSettings(_Section):
+    """The dispatcher's group commit and concurrency."""
+
+    group_commit_timeout: float = Field(default=30.0, ge=0, description="seconds")
+    group_commit_count: int = Field(default=4096, ge=1)
+    group_commit_size: int = Field(default=4 * MIB, ge=1)
+    max_pending_commits: int = Field(default=16, ge=1)
+    scan_interval: float = Field(default=1.0, gt=0, description="seconds between scans of idle queues")
+    start_from: str = Field(default="earliest", description="earliest | latest | an epoch-ms timestamp")
+    shutdown_timeout: float = Field(default=30.0, gt=0)
+    retry_initial_backoff: float = Field(default=0.2, gt=0)
+    retry_max_backoff: float = Field(default=30.0, gt=0)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
+    @pydantic.field_validator("start_from")
+    @classmethod
+    def _check_start_from(cls, value: str) -> str:
+        if value not in ("earliest", "latest") and not value.isdigit():
+            raise ValueError("must be 'earliest', 'latest' or an epoch-millisecond timestamp")
+        return value
+
+
+class ReadSettings(_Section):
+    """The fetcher and its read-ahead cache."""
+
+    read_policy: ReadPolicy = ReadPolicy.NOT_IN_DISK
+    read_ahead_count: int = Field(default=4096, ge=1)
+    read_ahead_size: int = Field(default=16 * MIB, ge=1)
+    read_ahead_cache_bytes: int = Field(default=256 * MIB, ge=0)
+    read_ahead_ttl: float = Field(default=15.0, gt=0)
+
+
+class IndexSettings(_Section):
+    """The key index."""
+
+    index_max_items: int = Field(default=20_000_000, ge=1)
+    index_slot_count: int = Field(default=5_000_000, ge=1)
+    index_seal_interval: float = Field(default=3600.0, gt=0, description="seconds")
+
+
+class TieredStoreConfig(BaseSettings):
+    """Everything tieredstore reads from its environment. Immutable once loaded."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIEREDSTORE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    metadata_url: str | None = Field(default=None, description="default: sqlite:///<data_dir>/metadata.db")
+    cold_url: str | None = Field(default=None, description="default: <data_dir>/cold (POSIX)")
+    cluster: str = "DefaultCluster"
+    broker: str = "broker-a"
+    default_reserve_hours: float = Field(default=72, ge=0)
+    s3: S3Settings = S3Settings()
+    hot: HotSettings = HotSettings()
+    segments: SegmentSettings = SegmentSettings()
+    archiver: ArchiverSettings = ArchiverSettings()
+    read: ReadSettings = ReadSettings()
+    index: IndexSettings = IndexSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init) beat the environment, which beats the file (passed in as defaults by load_config).
+        return (init_settings, env_settings)
+
+    @property
+    def effective_metadata_url(self) -> str:
+        return self.metadata_url or f"sqlite:///{(self.data_dir / 'metadata.db').resolve()}"
+
+    @property
+    def effective_cold_url(self) -> str:
+        return self.cold_url or str((self.data_dir / "cold").resolve())
+
+    @property
+    def hot_dir(self) -> Path:
+        return self.data_dir / "hot"
+
+    def s3_options(self) -> dict[str, Any]:
+        """Keyword options for an S3 provider, secrets revealed only here, at the point of use."""
+        s3 = self.s3
+        options: dict[str, Any] = {
+            "endpoint_url": s3.endpoint_url,
+            "region": s3.region,
+            "addressing_style": s3.addressing_style,
+            "sse": s3.sse,
+            "sse_kms_key_id": s3.sse_kms_key_id,
+            "max_attempts": s3.max_attempts,
+        }
+        for name in ("access_key_id", "secret_access_key", "session_token"):
+            secret: SecretStr | None = getattr(s3, name)
+            options[name] = secret.get_secret_value() if secret is not None else None
+        return {k: v for k, v in options.items() if v is not None}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _one_line(exc: pydantic.ValidationError, origin: str) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "config"
+        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        problems.append(f"{where}: {message}")
+    return f"invalid configuration ({origin}): " + "; ".join(problems)
+
+
+def load_config(path: str | Path | None = None, **flags: Any) -> TieredStoreConfig:
+    """Load the file (``path``, else ``$TIEREDSTORE_CONFIG``, else none), the environment, then ``flags``.
+
+    Flags whose value is None are ignored, so a CLI can pass every option it has. Nested flags are
+    dicts (``archiver={"group_commit_count": 8}``). Any problem is one ConfigError line.
+    """
+    file_values: dict[str, Any] = {}
+    config_path = path or os.environ.get(CONFIG_ENV)
+    origin = "environment and flags"
+    if config_path:
+        origin = f"{config_path}, environment and flags"
+        try:
+            with open(config_path, "rb") as handle:
+                file_values = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {config_path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"config file {config_path} cannot be read: {exc.strerror}") from exc
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        # model_validate, unlike the constructor, does not read the environment again: it is merged here.
+        return TieredStoreConfig.model_validate(_merge(_merge(file_values, _environment_layer()), given))
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_one_line(exc, origin)) from exc
+
+
+def _environment_layer() -> dict[str, Any]:
+    """TIEREDSTORE_* variables as nested dicts, parsed by pydantic-settings' own env source."""
+    return dict(EnvSettingsSource(TieredStoreConfig)())
