@@ -12,6 +12,7 @@ does not fit.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -79,7 +80,11 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
                     f"property {name!r} contains a separator byte (0x01 or 0x02), which the format reserves"
                 )
         parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    return "".join(parts).encode("utf-8")
+    try:
+        return "".join(parts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Lone surrogates are legal in a Python str but have no UTF-8 form; say so instead of a codec error.
+        raise InvalidPropertyError(f"properties are not encodable as UTF-8: {exc.reason}") from exc
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
@@ -97,6 +102,12 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     return result
 
 
+@functools.lru_cache(maxsize=256)
+def _encode_host(ip: str, port: int) -> bytes:
+    # Parsing the address dominates a put's encoding cost, and a store writes with very few hosts.
+    return ipaddress.ip_address(ip).packed + struct.pack(">i", port)
+
+
 @dataclass(frozen=True, slots=True)
 class HostAddress:
     """A host as the record stores it: an IPv4 or IPv6 address and a port."""
@@ -109,7 +120,7 @@ class HostAddress:
         return ":" in self.ip
 
     def encode(self) -> bytes:
-        return ipaddress.ip_address(self.ip).packed + struct.pack(">i", self.port)
+        return _encode_host(self.ip, self.port)
 
     @classmethod
     def decode(cls, raw: bytes) -> HostAddress:
@@ -170,41 +181,117 @@ class MessageRecord:
     def encode(self) -> bytes:
         topic_raw = self.topic.encode("utf-8")
         magic = self.magic if self.magic is not None else (MAGIC_V2 if len(topic_raw) > 127 else MAGIC_V1)
-        props_raw = encode_properties(self.properties)
-        if len(props_raw) > 0x7FFF:
-            raise InvalidPropertyError(f"properties are {len(props_raw)} bytes; the format allows 32767")
-        sysflag = self.sysflag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-        if self.born_host.is_ipv6:
-            sysflag |= SYSFLAG_BORNHOST_V6
-        if self.store_host.is_ipv6:
-            sysflag |= SYSFLAG_STOREHOST_V6
-        topic_len = struct.pack(">h", len(topic_raw)) if magic == MAGIC_V2 else struct.pack(">b", len(topic_raw))
-        tail = b"".join(
-            (
-                self.born_host.encode(),
-                struct.pack(">q", self.store_timestamp),
-                self.store_host.encode(),
-                struct.pack(">iqi", self.reconsume_times, self.prepared_tx_offset, len(self.body)),
-                self.body,
-                topic_len,
-                topic_raw,
-                struct.pack(">h", len(props_raw)),
-                props_raw,
-            )
+        return encode_raw(
+            topic_raw=topic_raw,
+            queue_id=self.queue_id,
+            body=self.body,
+            properties_raw=encode_properties(self.properties),
+            queue_offset=self.queue_offset,
+            physical_offset=self.physical_offset,
+            flag=self.flag,
+            sysflag=self.sysflag,
+            born_timestamp=self.born_timestamp,
+            born_host=self.born_host,
+            store_timestamp=self.store_timestamp,
+            store_host=self.store_host,
+            reconsume_times=self.reconsume_times,
+            prepared_tx_offset=self.prepared_tx_offset,
+            crc=self.stored_crc,
+            magic=magic,
         )
-        total = HEADER_PREFIX.size + len(tail)
-        head = HEADER_PREFIX.pack(
+
+
+_IPV4_FIXED = struct.Struct(">iIiiiqqiq8sq8siqi")  # TOTALSIZE .. BODYLEN with two IPv4 hosts
+
+
+def encode_raw(
+    *,
+    topic_raw: bytes,
+    queue_id: int,
+    body: bytes,
+    properties_raw: bytes,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    flag: int = 0,
+    sysflag: int = 0,
+    born_timestamp: int = 0,
+    born_host: HostAddress = LOCALHOST,
+    store_timestamp: int = 0,
+    store_host: HostAddress = LOCALHOST,
+    reconsume_times: int = 0,
+    prepared_tx_offset: int = 0,
+    crc: int | None = None,
+    magic: int = MAGIC_V1,
+) -> bytes:
+    """One record from already-encoded topic and properties; the hot store's put path calls this directly.
+
+    The IPv6 sysflag bits are derived from the hosts, so they can never disagree with the host fields.
+    """
+    if len(properties_raw) > 0x7FFF:
+        raise InvalidPropertyError(f"properties are {len(properties_raw)} bytes; the format allows 32767")
+    if magic == MAGIC_V2:
+        topic_len = struct.pack(">h", len(topic_raw))
+    elif len(topic_raw) > 127:
+        raise InvalidPropertyError(f"a v1 record holds topics up to 127 bytes, not {len(topic_raw)}; use v2")
+    else:
+        topic_len = bytes((len(topic_raw),))
+    sysflag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    if born_host.is_ipv6:
+        sysflag |= SYSFLAG_BORNHOST_V6
+    if store_host.is_ipv6:
+        sysflag |= SYSFLAG_STOREHOST_V6
+    crc_value = body_crc(body) if crc is None else crc
+    born_raw = born_host.encode()
+    store_raw = store_host.encode()
+    total = (
+        HEADER_PREFIX.size
+        + len(born_raw)
+        + 8
+        + len(store_raw)
+        + 16
+        + len(body)
+        + len(topic_len)
+        + len(topic_raw)
+        + 2
+        + len(properties_raw)
+    )
+    props_len = struct.pack(">h", len(properties_raw))
+    if len(born_raw) == 8 and len(store_raw) == 8:
+        fixed = _IPV4_FIXED.pack(
             total,
             magic,
-            self.stored_crc,
-            self.queue_id,
-            self.flag,
-            self.queue_offset,
-            self.physical_offset,
+            crc_value,
+            queue_id,
+            flag,
+            queue_offset,
+            physical_offset,
             sysflag,
-            self.born_timestamp,
+            born_timestamp,
+            born_raw,
+            store_timestamp,
+            store_raw,
+            reconsume_times,
+            prepared_tx_offset,
+            len(body),
         )
-        return head + tail
+        return b"".join((fixed, body, topic_len, topic_raw, props_len, properties_raw))
+    head = HEADER_PREFIX.pack(
+        total, magic, crc_value, queue_id, flag, queue_offset, physical_offset, sysflag, born_timestamp
+    )
+    return b"".join(
+        (
+            head,
+            born_raw,
+            struct.pack(">q", store_timestamp),
+            store_raw,
+            struct.pack(">iqi", reconsume_times, prepared_tx_offset, len(body)),
+            body,
+            topic_len,
+            topic_raw,
+            props_len,
+            properties_raw,
+        )
+    )
 
 
 def blank_record(size: int) -> bytes:
