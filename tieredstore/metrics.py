@@ -55,7 +55,9 @@ class Metrics:
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)
         self.cache_bytes = Gauge("tieredstore_read_ahead_bytes", "Bytes held by the read-ahead cache", registry=r)
-        self.cold_reads = Counter("tieredstore_cold_reads", "Range reads sent to cold storage", ["file_type"], registry=r)
+        self.cold_reads = Counter(
+            "tieredstore_cold_reads", "Range reads sent to cold storage", ["file_type"], registry=r
+        )
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve /metrics over HTTP in a daemon thread; returns the bound port (0 picks a free one)."""
