@@ -1,0 +1,196 @@
+"""Byte layouts of the key index: hashing, our compacted layout, and RocketMQ's own IndexFile fixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tieredstore.errors import CorruptRecordError, IntegrityError
+from tieredstore.formats.message import java_string_hash
+from tieredstore.index.format import (
+    COMPACTED_ITEM_SIZE,
+    HEADER_SIZE,
+    CompactedHeader,
+    IndexItem,
+    RocketMQIndexFile,
+    SlotRange,
+    UnsealedHeader,
+    compact_into,
+    compacted_file_size,
+    compacted_item_position,
+    compacted_slot_position,
+    decode_compacted_items,
+    decode_compacted_slot,
+    encode_unsealed_item,
+    key_hash,
+    positive_hash,
+    slot_of,
+    unsealed_file_size,
+    unsealed_item_position,
+    unsealed_slot_position,
+)
+
+FIXTURE = Path("/work/shared/fixtures/rocketmq/rust-0.9.0-writer/index/20260815011551705")
+
+
+def test_key_hash_is_java_hash_code_of_topic_hash_key() -> None:
+    assert key_hash("V1UpgradeTopic", "v1-upgrade-key") == 1354830161
+    assert positive_hash("order-123") == 392797389
+
+
+def test_hash_of_integer_min_value_is_clamped_to_zero() -> None:
+    assert java_string_hash("polygenelubricants") == -(2**31)
+    assert positive_hash("polygenelubricants") == 0
+
+
+def test_rocketmq_index_file_fixture_reads_exactly() -> None:
+    index = RocketMQIndexFile(FIXTURE.read_bytes(), slot_capacity=32, item_capacity=128)
+    header = index.header
+    assert (header.begin_timestamp, header.end_timestamp) == (1786727751703, 1786727751704)
+    assert (header.begin_physical_offset, header.end_physical_offset) == (0, 141)
+    assert (header.hash_slot_count, header.index_count) == (1, 3)
+    assert 1354830161 % 32 == 17
+    assert index.slot(17) == 2
+    assert [index.slot(s) for s in range(32) if s != 17] == [0] * 31
+    newest, oldest = index.item(2), index.item(1)
+    assert (newest.key_hash, newest.physical_offset, newest.time_diff_seconds, newest.previous) == (
+        1354830161,
+        141,
+        0,
+        1,
+    )
+    assert (oldest.key_hash, oldest.physical_offset, oldest.time_diff_seconds, oldest.previous) == (1354830161, 0, 0, 0)
+    found = index.lookup("V1UpgradeTopic#v1-upgrade-key", 1786727751703, 1786727751704)
+    assert found == [141, 0]
+    assert index.lookup("V1UpgradeTopic#v1-upgrade-key", 0, 1786727751702) == []
+    assert index.lookup("V1UpgradeTopic#other-key", 0, 2**62) == []
+
+
+def test_rocketmq_index_file_of_wrong_size_is_an_integrity_error() -> None:
+    with pytest.raises(IntegrityError, match="2728 bytes"):
+        RocketMQIndexFile(FIXTURE.read_bytes(), slot_capacity=64, item_capacity=128)
+
+
+def test_rocketmq_index_chain_that_loops_is_an_error_not_a_hang() -> None:
+    data = bytearray(FIXTURE.read_bytes())
+    item_one_previous = 40 + 32 * 4 + 1 * 20 + 16
+    data[item_one_previous : item_one_previous + 4] = (2).to_bytes(4, "big")  # item 1 -> item 2 -> item 1 ...
+    index = RocketMQIndexFile(bytes(data), slot_capacity=32, item_capacity=128)
+    with pytest.raises(CorruptRecordError, match="links forward"):
+        index.lookup("V1UpgradeTopic#v1-upgrade-key", 0, 2**62)
+
+
+def _build_unsealed(items: list[IndexItem], slot_count: int, base: int) -> tuple[bytearray, UnsealedHeader]:
+    """An unsealed file image built with the pure encoders (what file.py writes through a map)."""
+    header = UnsealedHeader(
+        file_id=7,
+        created_at=base,
+        base_timestamp=base,
+        slot_count=slot_count,
+        max_items=max(1, len(items)),
+        begin_timestamp=min((i.timestamp for i in items), default=0),
+        end_timestamp=max((i.timestamp for i in items), default=0),
+        item_count=len(items),
+        sealed=True,
+    )
+    image = bytearray(unsealed_file_size(slot_count, header.max_items))
+    image[:HEADER_SIZE] = header.encode()
+    heads = [0] * slot_count
+    for number, item in enumerate(items, start=1):
+        slot = slot_of(item.key_hash, slot_count)
+        pos = unsealed_item_position(slot_count, number)
+        image[pos : pos + 36] = encode_unsealed_item(item, base, heads[slot])
+        heads[slot] = number
+    for slot, head in enumerate(heads):
+        pos = unsealed_slot_position(slot)
+        image[pos : pos + 4] = head.to_bytes(4, "big")
+    return image, header
+
+
+def _compact(items: list[IndexItem], slot_count: int, base: int = 1_000_000) -> tuple[bytearray, CompactedHeader]:
+    image, header = _build_unsealed(items, slot_count, base)
+    out = bytearray(compacted_file_size(slot_count, len(items)))
+    compacted = compact_into(out, image, header, len(items))
+    return out, compacted
+
+
+def _lookup(data: bytes | bytearray, header: CompactedHeader, hash_value: int) -> list[IndexItem]:
+    slot = slot_of(hash_value, header.slot_count)
+    pos = compacted_slot_position(slot)
+    slot_range = decode_compacted_slot(data[pos : pos + 8], header)
+    start = compacted_item_position(header.slot_count, slot_range.position)
+    raw = data[start : start + slot_range.length * COMPACTED_ITEM_SIZE]
+    items = decode_compacted_items(raw, slot_range, slot, header.slot_count, header.base_timestamp)
+    return [item for item in items if item.key_hash == hash_value]
+
+
+keys = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    entries=st.lists(st.tuples(keys, st.integers(0, 7), st.integers(-500_000, 500_000)), min_size=0, max_size=60),
+    slot_count=st.integers(1, 17),
+)
+def test_compacted_lookup_finds_exactly_the_items_of_each_key(
+    entries: list[tuple[str, int, int]], slot_count: int
+) -> None:
+    items = [
+        IndexItem(
+            topic_id=3,
+            queue_id=queue,
+            queue_offset=n,
+            size=100 + n,
+            key_hash=key_hash("T", key),
+            timestamp=1_000_000 + ts,
+        )
+        for n, (key, queue, ts) in enumerate(entries)
+    ]
+    data, header = _compact(items, slot_count)
+    assert header.item_count == len(items)
+    assert CompactedHeader.decode(data) == header
+    for key in {key for key, _, _ in entries}:
+        wanted = key_hash("T", key)
+        expected = [item for item in reversed(items) if item.key_hash == wanted]
+        assert _lookup(data, header, wanted) == expected
+
+
+def test_compacted_slot_items_are_contiguous_newest_first() -> None:
+    items = [IndexItem(1, 0, n, 10, key_hash("T", f"k{n % 3}"), 5_000 + n) for n in range(9)]
+    data, header = _compact(items, slot_count=1)
+    slot_range = decode_compacted_slot(data[HEADER_SIZE : HEADER_SIZE + 8], header)
+    assert slot_range == SlotRange(0, 9)
+    all_items = decode_compacted_items(data[compacted_item_position(1, 0) :], slot_range, 0, 1, header.base_timestamp)
+    assert [item.queue_offset for item in all_items] == list(range(8, -1, -1))
+
+
+def test_flipped_item_byte_is_a_corrupt_record_error() -> None:
+    items = [IndexItem(1, 0, 42, 10, key_hash("T", "k"), 5_000)]
+    data, header = _compact(items, slot_count=4)
+    data[compacted_item_position(4, 0) + 9] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        _lookup(data, header, key_hash("T", "k"))
+
+
+def test_slot_pointing_past_the_items_is_a_corrupt_record_error() -> None:
+    items = [IndexItem(1, 0, 42, 10, key_hash("T", "k"), 5_000)]
+    data, header = _compact(items, slot_count=4)
+    pos = compacted_slot_position(slot_of(key_hash("T", "k"), 4))
+    data[pos : pos + 8] = (0).to_bytes(4, "big") + (9).to_bytes(4, "big")
+    with pytest.raises(CorruptRecordError, match="past the 1 in the file"):
+        _lookup(data, header, key_hash("T", "k"))
+
+
+def test_bad_header_magic_and_crc_are_typed_errors() -> None:
+    data, _ = _compact([IndexItem(1, 0, 1, 1, 5, 1_000_000)], slot_count=2)
+    torn = bytearray(data)
+    torn[20] ^= 0x01
+    with pytest.raises(CorruptRecordError, match="header CRC"):
+        CompactedHeader.decode(torn)
+    with pytest.raises(CorruptRecordError, match="not an unsealed index file"):
+        UnsealedHeader.decode(data)
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        CompactedHeader.decode(data[:10])

@@ -1,0 +1,502 @@
+"""Byte layouts of key-index files (ours, unsealed and compacted, and RocketMQ's local IndexFile); pure, no I/O.
+
+Every integer is big-endian. Item numbers start at 1; 0 means "none" (an empty slot, the end of a chain).
+
+**Unsealed** (a hash table with chained items, written in place while messages are archived)::
+
+    header (64)   magic, version, flags, file_id, created_at, base_timestamp, begin_timestamp,
+                  end_timestamp, slot_count, max_items, item_count, crc32 of the 60 bytes before it
+    slots         slot_count x u32: number of the newest item whose key hash falls in the slot
+    items         max_items x 36: topic_id i32, queue_id i32, queue_offset i64, size i32, key_hash i32,
+                  time_diff i32 (ms since base_timestamp), previous item number u32, crc32 of the 32 before
+
+**Compacted** (what is uploaded; every slot's items are contiguous, newest first)::
+
+    header (64)   magic, version, flags, file_id, base_timestamp, begin_timestamp, end_timestamp,
+                  slot_count, item_count, crc32 of the 48 bytes before it, 12 zero bytes
+    slots         slot_count x (first item index u32, item count u32)
+    items         item_count x 32: topic_id, queue_id, queue_offset, size, key_hash, time_diff, crc32
+
+so a lookup is two ranged reads: the slot's 8 bytes, then its items.
+
+**RocketMQ IndexFile** (read only): a 40-byte header (begin/end timestamp, begin/end physical offset,
+used hash-slot count, index count), slots x i32, items x 20 (key hash, physical offset, time diff in
+seconds, previous item number). Its slot and item capacities are broker settings, not in the file.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.formats.message import java_string_hash
+
+UNSEALED_MAGIC = 0x54534958  # "TSIX"
+COMPACTED_MAGIC = 0x5453435A  # "TSCZ"
+FORMAT_VERSION = 1
+FLAG_SEALED = 0x1
+
+HEADER_SIZE = 64
+_UNSEALED_HEADER = struct.Struct(">IHHQqqqqIII")
+_COMPACTED_HEADER = struct.Struct(">IHHQqqqII")
+_CRC = struct.Struct(">I")
+_SLOT = struct.Struct(">I")
+_UNSEALED_ITEM = struct.Struct(">iiqiiiI")
+_COMPACTED_ITEM = struct.Struct(">iiqiii")
+_COMPACTED_SLOT = struct.Struct(">II")
+
+UNSEALED_SLOT_SIZE = _SLOT.size
+UNSEALED_ITEM_SIZE = _UNSEALED_ITEM.size + _CRC.size  # 36
+COMPACTED_SLOT_SIZE = _COMPACTED_SLOT.size  # 8
+COMPACTED_ITEM_SIZE = _COMPACTED_ITEM.size + _CRC.size  # 32
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+UINT32_MAX = (1 << 32) - 1
+
+
+def index_key(topic: str, key: str) -> str:
+    """The string a key is indexed by: ``topic#key``, as RocketMQ builds it."""
+    return f"{topic}#{key}"
+
+
+def positive_hash(text: str) -> int:
+    """``abs(text.hashCode())`` with RocketMQ's clamp: abs(Integer.MIN_VALUE) stays negative, so it is 0."""
+    value = abs(java_string_hash(text))
+    return 0 if value > INT32_MAX else value
+
+
+def key_hash(topic: str, key: str) -> int:
+    """The non-negative hash an index stores for ``key`` of ``topic``."""
+    return positive_hash(index_key(topic, key))
+
+
+def slot_of(hash_value: int, slot_count: int) -> int:
+    return hash_value % slot_count
+
+
+def _crc(data: bytes | memoryview) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class IndexItem:
+    """One indexed key occurrence: where the message is and when it was stored."""
+
+    topic_id: int
+    queue_id: int
+    queue_offset: int
+    size: int
+    key_hash: int
+    timestamp: int
+
+
+# ---- unsealed layout ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnsealedHeader:
+    """The header of an unsealed (or sealed, not yet compacted) index file."""
+
+    file_id: int
+    created_at: int
+    base_timestamp: int
+    slot_count: int
+    max_items: int
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    item_count: int = 0
+    sealed: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slot_count <= UINT32_MAX or not 1 <= self.max_items < UINT32_MAX:
+            raise ValidationError(
+                f"index slot count {self.slot_count} and max items {self.max_items} must be in 1..{UINT32_MAX - 1}"
+            )
+
+    @property
+    def file_size(self) -> int:
+        return unsealed_file_size(self.slot_count, self.max_items)
+
+    def encode(self) -> bytes:
+        body = _UNSEALED_HEADER.pack(
+            UNSEALED_MAGIC,
+            FORMAT_VERSION,
+            FLAG_SEALED if self.sealed else 0,
+            self.file_id,
+            self.created_at,
+            self.base_timestamp,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.slot_count,
+            self.max_items,
+            self.item_count,
+        )
+        return body + _CRC.pack(_crc(body))
+
+    @classmethod
+    def decode(cls, buf: bytes | memoryview, *, location: str | None = None) -> UnsealedHeader:
+        if len(buf) < HEADER_SIZE:
+            raise CorruptRecordError(f"index header truncated to {len(buf)} bytes", location=location, offset=0)
+        fields = _UNSEALED_HEADER.unpack_from(buf, 0)
+        (crc,) = _CRC.unpack_from(buf, _UNSEALED_HEADER.size)
+        magic, version, flags = fields[0], fields[1], fields[2]
+        if magic != UNSEALED_MAGIC:
+            raise CorruptRecordError(f"not an unsealed index file: magic 0x{magic:08x}", location=location, offset=0)
+        if crc != _crc(memoryview(buf)[: _UNSEALED_HEADER.size]):
+            raise CorruptRecordError("index header CRC mismatch", location=location, offset=0)
+        if version != FORMAT_VERSION:
+            raise IntegrityError(f"index file version {version} is not supported (this build knows {FORMAT_VERSION})")
+        header = cls(
+            file_id=fields[3],
+            created_at=fields[4],
+            base_timestamp=fields[5],
+            begin_timestamp=fields[6],
+            end_timestamp=fields[7],
+            slot_count=fields[8],
+            max_items=fields[9],
+            item_count=fields[10],
+            sealed=bool(flags & FLAG_SEALED),
+        )
+        if header.item_count > header.max_items:
+            raise CorruptRecordError(
+                f"index header counts {header.item_count} items, above its capacity {header.max_items}",
+                location=location,
+                offset=0,
+            )
+        return header
+
+
+def unsealed_file_size(slot_count: int, max_items: int) -> int:
+    return HEADER_SIZE + slot_count * UNSEALED_SLOT_SIZE + max_items * UNSEALED_ITEM_SIZE
+
+
+def unsealed_slot_position(slot: int) -> int:
+    return HEADER_SIZE + slot * UNSEALED_SLOT_SIZE
+
+
+def unsealed_item_position(slot_count: int, number: int) -> int:
+    return HEADER_SIZE + slot_count * UNSEALED_SLOT_SIZE + (number - 1) * UNSEALED_ITEM_SIZE
+
+
+def encode_unsealed_item(item: IndexItem, base_timestamp: int, previous: int) -> bytes:
+    """The 36 bytes of an item; ValidationError when a field does not fit its width."""
+    time_diff = item.timestamp - base_timestamp
+    if not INT32_MIN <= time_diff <= INT32_MAX:
+        raise ValidationError(f"timestamp {item.timestamp} is too far from the file's base {base_timestamp}")
+    try:
+        body = _UNSEALED_ITEM.pack(
+            item.topic_id, item.queue_id, item.queue_offset, item.size, item.key_hash, time_diff, previous
+        )
+    except struct.error as exc:
+        raise ValidationError(f"index item {item} does not fit the layout: {exc}") from exc
+    return body + _CRC.pack(_crc(body))
+
+
+def decode_unsealed_item(
+    buf: bytes | memoryview, pos: int, base_timestamp: int, *, location: str | None = None
+) -> tuple[IndexItem, int]:
+    """(item, previous item number) of the item at ``pos``; CorruptRecordError on a CRC mismatch."""
+    if len(buf) - pos < UNSEALED_ITEM_SIZE:
+        raise CorruptRecordError("index item truncated", location=location, offset=pos)
+    fields = _UNSEALED_ITEM.unpack_from(buf, pos)
+    (crc,) = _CRC.unpack_from(buf, pos + _UNSEALED_ITEM.size)
+    if crc != _crc(memoryview(buf)[pos : pos + _UNSEALED_ITEM.size]):
+        raise CorruptRecordError("index item CRC mismatch", location=location, offset=pos)
+    topic_id, queue_id, queue_offset, size, hash_value, time_diff, previous = fields
+    if hash_value < 0:
+        raise CorruptRecordError(f"index item with negative key hash {hash_value}", location=location, offset=pos)
+    return IndexItem(topic_id, queue_id, queue_offset, size, hash_value, base_timestamp + time_diff), previous
+
+
+def walk_unsealed_chain(
+    buf: bytes | memoryview,
+    header: UnsealedHeader,
+    first: int,
+    item_count: int,
+    hash_value: int,
+    *,
+    location: str | None = None,
+) -> Iterator[IndexItem]:
+    """Items of the chain starting at item ``first`` whose hash is ``hash_value``, newest first.
+
+    Each step must go to a strictly smaller item number, so a corrupt link ends in an error, never a loop.
+    """
+    slot = slot_of(hash_value, header.slot_count)
+    number = first
+    while number:
+        if number > item_count:
+            raise CorruptRecordError(
+                f"index chain points to item {number}, past the {item_count} written", location=location
+            )
+        pos = unsealed_item_position(header.slot_count, number)
+        item, previous = decode_unsealed_item(buf, pos, header.base_timestamp, location=location)
+        if slot_of(item.key_hash, header.slot_count) != slot:
+            raise CorruptRecordError(
+                f"index item {number} is chained into the wrong slot", location=location, offset=pos
+            )
+        if previous >= number:
+            raise CorruptRecordError(f"index item {number} links forward to {previous}", location=location, offset=pos)
+        if item.key_hash == hash_value:
+            yield item
+        number = previous
+
+
+# ---- compacted layout --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedHeader:
+    """The header of a compacted index file; the catalogue keeps a copy so lookups need not read it."""
+
+    file_id: int
+    base_timestamp: int
+    begin_timestamp: int
+    end_timestamp: int
+    slot_count: int
+    item_count: int
+
+    @property
+    def file_size(self) -> int:
+        return compacted_file_size(self.slot_count, self.item_count)
+
+    def encode(self) -> bytes:
+        body = _COMPACTED_HEADER.pack(
+            COMPACTED_MAGIC,
+            FORMAT_VERSION,
+            FLAG_SEALED,
+            self.file_id,
+            self.base_timestamp,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.slot_count,
+            self.item_count,
+        )
+        head = body + _CRC.pack(_crc(body))
+        return head + bytes(HEADER_SIZE - len(head))
+
+    @classmethod
+    def decode(cls, buf: bytes | memoryview, *, location: str | None = None) -> CompactedHeader:
+        if len(buf) < HEADER_SIZE:
+            raise CorruptRecordError(f"index header truncated to {len(buf)} bytes", location=location, offset=0)
+        fields = _COMPACTED_HEADER.unpack_from(buf, 0)
+        (crc,) = _CRC.unpack_from(buf, _COMPACTED_HEADER.size)
+        if fields[0] != COMPACTED_MAGIC:
+            raise CorruptRecordError(
+                f"not a compacted index file: magic 0x{fields[0]:08x}", location=location, offset=0
+            )
+        if crc != _crc(memoryview(buf)[: _COMPACTED_HEADER.size]):
+            raise CorruptRecordError("index header CRC mismatch", location=location, offset=0)
+        if fields[1] != FORMAT_VERSION:
+            raise IntegrityError(f"index file version {fields[1]} is not supported (this build knows {FORMAT_VERSION})")
+        return cls(*fields[3:9])
+
+
+def compacted_file_size(slot_count: int, item_count: int) -> int:
+    return HEADER_SIZE + slot_count * COMPACTED_SLOT_SIZE + item_count * COMPACTED_ITEM_SIZE
+
+
+def compacted_slot_position(slot: int) -> int:
+    return HEADER_SIZE + slot * COMPACTED_SLOT_SIZE
+
+
+def compacted_item_position(slot_count: int, index: int) -> int:
+    return HEADER_SIZE + slot_count * COMPACTED_SLOT_SIZE + index * COMPACTED_ITEM_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRange:
+    """Where one slot's items are in a compacted file: ``length`` items from item index ``position``."""
+
+    position: int
+    length: int
+
+
+def decode_compacted_slot(
+    buf: bytes | memoryview, header_or_item_count: CompactedHeader | int, *, location: str | None = None
+) -> SlotRange:
+    """The slot entry in ``buf`` (exactly its 8 bytes), checked against the file's item count."""
+    item_count = (
+        header_or_item_count.item_count if isinstance(header_or_item_count, CompactedHeader) else header_or_item_count
+    )
+    if len(buf) != COMPACTED_SLOT_SIZE:
+        raise CorruptRecordError(
+            f"index slot read returned {len(buf)} of {COMPACTED_SLOT_SIZE} bytes", location=location
+        )
+    position, length = _COMPACTED_SLOT.unpack_from(buf, 0)
+    if position + length > item_count:
+        raise CorruptRecordError(
+            f"index slot points to items {position}..{position + length}, past the {item_count} in the file",
+            location=location,
+        )
+    return SlotRange(position, length)
+
+
+def encode_compacted_item(item: IndexItem, base_timestamp: int) -> bytes:
+    body = _COMPACTED_ITEM.pack(
+        item.topic_id, item.queue_id, item.queue_offset, item.size, item.key_hash, item.timestamp - base_timestamp
+    )
+    return body + _CRC.pack(_crc(body))
+
+
+def decode_compacted_items(
+    buf: bytes | memoryview,
+    slot_range: SlotRange,
+    slot: int,
+    slot_count: int,
+    base_timestamp: int,
+    *,
+    location: str | None = None,
+) -> list[IndexItem]:
+    """The items of one slot from exactly their bytes; each must pass its CRC and belong to ``slot``."""
+    if len(buf) != slot_range.length * COMPACTED_ITEM_SIZE:
+        raise CorruptRecordError(
+            f"index items read returned {len(buf)} bytes, the slot holds {slot_range.length * COMPACTED_ITEM_SIZE}",
+            location=location,
+        )
+    view = memoryview(buf)
+    items = []
+    for pos in range(0, len(buf), COMPACTED_ITEM_SIZE):
+        (crc,) = _CRC.unpack_from(view, pos + _COMPACTED_ITEM.size)
+        where = compacted_item_position(slot_count, slot_range.position) + pos
+        if crc != _crc(view[pos : pos + _COMPACTED_ITEM.size]):
+            raise CorruptRecordError("index item CRC mismatch", location=location, offset=where)
+        topic_id, queue_id, queue_offset, size, hash_value, time_diff = _COMPACTED_ITEM.unpack_from(view, pos)
+        if hash_value < 0 or slot_of(hash_value, slot_count) != slot:
+            raise CorruptRecordError(f"index item does not belong to slot {slot}", location=location, offset=where)
+        items.append(IndexItem(topic_id, queue_id, queue_offset, size, hash_value, base_timestamp + time_diff))
+    return items
+
+
+def compact_into(
+    out: bytearray | memoryview,
+    source: bytes | memoryview,
+    header: UnsealedHeader,
+    item_count: int,
+) -> CompactedHeader:
+    """Write the compacted form of the first ``item_count`` items of an unsealed file into ``out``.
+
+    ``out`` must be ``compacted_file_size(header.slot_count, item_count)`` bytes. Two passes over the
+    items: count per slot, then place each item (newest first within its slot). Every source item is
+    CRC-checked, so a corrupt sealed file fails here instead of being uploaded.
+    """
+    slot_count = header.slot_count
+    expected = compacted_file_size(slot_count, item_count)
+    if len(out) != expected:
+        raise ValidationError(f"compaction output is {len(out)} bytes, needs {expected}")
+    items_start = unsealed_item_position(slot_count, 1)
+    counts = [0] * slot_count
+    for number in range(1, item_count + 1):
+        item, _ = decode_unsealed_item(source, items_start + (number - 1) * UNSEALED_ITEM_SIZE, header.base_timestamp)
+        counts[slot_of(item.key_hash, slot_count)] += 1
+    cursor = [0] * slot_count
+    position = 0
+    for slot, count in enumerate(counts):
+        _COMPACTED_SLOT.pack_into(out, compacted_slot_position(slot), position if count else 0, count)
+        cursor[slot] = position
+        position += count
+    for number in range(item_count, 0, -1):
+        item, _ = decode_unsealed_item(source, items_start + (number - 1) * UNSEALED_ITEM_SIZE, header.base_timestamp)
+        slot = slot_of(item.key_hash, slot_count)
+        pos = compacted_item_position(slot_count, cursor[slot])
+        out[pos : pos + COMPACTED_ITEM_SIZE] = encode_compacted_item(item, header.base_timestamp)
+        cursor[slot] += 1
+    compacted = CompactedHeader(
+        file_id=header.file_id,
+        base_timestamp=header.base_timestamp,
+        begin_timestamp=header.begin_timestamp,
+        end_timestamp=header.end_timestamp,
+        slot_count=slot_count,
+        item_count=item_count,
+    )
+    out[:HEADER_SIZE] = compacted.encode()
+    return compacted
+
+
+# ---- RocketMQ's local IndexFile -----------------------------------------------------------------------
+
+ROCKETMQ_HEADER_SIZE = 40
+_ROCKETMQ_HEADER = struct.Struct(">qqqqii")
+_ROCKETMQ_SLOT = struct.Struct(">i")
+_ROCKETMQ_ITEM = struct.Struct(">iqii")
+ROCKETMQ_SLOT_SIZE = _ROCKETMQ_SLOT.size
+ROCKETMQ_ITEM_SIZE = _ROCKETMQ_ITEM.size  # 20
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQIndexHeader:
+    begin_timestamp: int
+    end_timestamp: int
+    begin_physical_offset: int
+    end_physical_offset: int
+    hash_slot_count: int
+    index_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQIndexItem:
+    key_hash: int
+    physical_offset: int
+    time_diff_seconds: int
+    previous: int
+
+
+class RocketMQIndexFile:
+    """Reads RocketMQ's own local IndexFile; the caller names its slot and item capacities (broker config)."""
+
+    def __init__(self, data: bytes, *, slot_capacity: int, item_capacity: int, location: str | None = None) -> None:
+        expected = ROCKETMQ_HEADER_SIZE + slot_capacity * ROCKETMQ_SLOT_SIZE + item_capacity * ROCKETMQ_ITEM_SIZE
+        if slot_capacity < 1 or item_capacity < 1:
+            raise ValidationError("a RocketMQ index file has at least one slot and one item")
+        if len(data) != expected:
+            raise IntegrityError(
+                f"RocketMQ index file is {len(data)} bytes; {slot_capacity} slots and {item_capacity} items "
+                f"make {expected}"
+            )
+        self._data = data
+        self.slot_capacity = slot_capacity
+        self.item_capacity = item_capacity
+        self.location = location
+        self.header = RocketMQIndexHeader(*_ROCKETMQ_HEADER.unpack_from(data, 0))
+        if not 0 <= self.header.index_count <= item_capacity:
+            raise CorruptRecordError(
+                f"index count {self.header.index_count} is outside 0..{item_capacity}", location=location, offset=0
+            )
+
+    def slot(self, slot: int) -> int:
+        """The newest item number in ``slot`` (0 when empty)."""
+        (value,) = _ROCKETMQ_SLOT.unpack_from(self._data, ROCKETMQ_HEADER_SIZE + slot * ROCKETMQ_SLOT_SIZE)
+        return int(value)
+
+    def item(self, number: int) -> RocketMQIndexItem:
+        if not 1 <= number < self.item_capacity:
+            raise CorruptRecordError(
+                f"item number {number} is outside 1..{self.item_capacity - 1}", location=self.location
+            )
+        pos = ROCKETMQ_HEADER_SIZE + self.slot_capacity * ROCKETMQ_SLOT_SIZE + number * ROCKETMQ_ITEM_SIZE
+        return RocketMQIndexItem(*_ROCKETMQ_ITEM.unpack_from(self._data, pos))
+
+    def lookup(self, key: str, begin_timestamp: int, end_timestamp: int) -> list[int]:
+        """Physical offsets of items whose hash matches ``key`` and whose time is in range, newest first."""
+        hash_value = positive_hash(key)
+        number = self.slot(slot_of(hash_value, self.slot_capacity))
+        found = []
+        while number > 0:
+            if number >= self.header.index_count:
+                raise CorruptRecordError(
+                    f"index chain points to item {number}, past the {self.header.index_count} written",
+                    location=self.location,
+                )
+            item = self.item(number)
+            timestamp = self.header.begin_timestamp + item.time_diff_seconds * 1000
+            if item.key_hash == hash_value and begin_timestamp <= timestamp <= end_timestamp:
+                found.append(item.physical_offset)
+            if item.previous >= number:
+                raise CorruptRecordError(
+                    f"index item {number} links forward to {item.previous}", location=self.location
+                )
+            number = item.previous
+        return found
