@@ -1,0 +1,668 @@
+"""MetadataStore: topics, queue positions, segments and index files, each change one short transaction.
+
+The store never creates or alters tables: it checks that the database is at the head Alembic revision
+and refuses (SchemaVersionError, naming the command to run) otherwise. ``MetadataStore.open`` is the
+one convenience: it migrates a brand-new embedded SQLite database (no file yet, or a file without any
+table) to head, so the embedded default works with zero setup; an existing database is never
+migrated implicitly, and PostgreSQL always needs ``tieredstore db upgrade``.
+
+Rows come back as frozen dataclasses, never as live ORM objects. Queue positions use optimistic
+concurrency: every update names the version it read and fails with ConcurrentUpdateError when
+another writer got there first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, delete, inspect, or_, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError as SqlIntegrityError
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tieredstore.errors import (
+    ConcurrentUpdateError,
+    MetadataError,
+    NotFoundError,
+    ValidationError,
+)
+from tieredstore.metadata import migrate
+from tieredstore.metadata.engine import (
+    IMMEDIATE_OPTION,
+    create_metadata_engine,
+    is_sqlite_memory,
+    parse_url,
+    safe_url,
+    sqlite_path,
+)
+from tieredstore.metadata.models import (
+    DEFAULT_RESERVE_HOURS,
+    IndexFile,
+    IndexFileStatus,
+    Queue,
+    Segment,
+    SegmentFileType,
+    SegmentStatus,
+    Topic,
+    TopicStatus,
+)
+
+LIVE_SEGMENT_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED)
+SegmentKey = tuple[str, str, int]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    id: int
+    name: str
+    reserve_hours: int
+    status: TopicStatus
+    created: int
+    updated: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """A queue's cold positions; ``max_offset`` is the archived offset (next offset to archive)."""
+
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    version: int
+    updated: int
+    owner: str | None = None
+    epoch: int = 0
+    lease_expiry: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    path: str
+    file_type: SegmentFileType
+    base_offset: int
+    size: int
+    status: SegmentStatus
+    created_timestamp: int
+    begin_timestamp: int | None
+    end_timestamp: int | None
+    sealed_timestamp: int | None
+
+    @property
+    def key(self) -> SegmentKey:
+        return (self.path, self.file_type.value, self.base_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentUpdate:
+    """New values for one segment row; None leaves a column as it is."""
+
+    path: str
+    file_type: str
+    base_offset: int
+    size: int | None = None
+    status: SegmentStatus | None = None
+    begin_timestamp: int | None = None
+    end_timestamp: int | None = None
+    sealed_timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexFileRecord:
+    name: str
+    status: IndexFileStatus
+    begin_timestamp: int | None
+    end_timestamp: int | None
+    item_count: int
+    size: int
+    created: int
+    updated: int
+
+
+def _topic_info(row: Topic) -> TopicInfo:
+    return TopicInfo(row.id, row.name, row.reserve_hours, row.status, row.created, row.updated)
+
+
+def _queue_position(topic: str, row: Queue) -> QueuePosition:
+    return QueuePosition(
+        topic=topic,
+        queue_id=row.queue_id,
+        min_offset=row.min_offset,
+        max_offset=row.max_offset,
+        version=row.version,
+        updated=row.updated,
+        owner=row.owner,
+        epoch=row.epoch,
+        lease_expiry=row.lease_expiry,
+    )
+
+
+def _segment_record(row: Segment) -> SegmentRecord:
+    return SegmentRecord(
+        path=row.path,
+        file_type=row.file_type,
+        base_offset=row.base_offset,
+        size=row.size,
+        status=row.status,
+        created_timestamp=row.created_timestamp,
+        begin_timestamp=row.begin_timestamp,
+        end_timestamp=row.end_timestamp,
+        sealed_timestamp=row.sealed_timestamp,
+    )
+
+
+def _index_file_record(row: IndexFile) -> IndexFileRecord:
+    return IndexFileRecord(
+        name=row.name,
+        status=row.status,
+        begin_timestamp=row.begin_timestamp,
+        end_timestamp=row.end_timestamp,
+        item_count=row.item_count,
+        size=row.size,
+        created=row.created,
+        updated=row.updated,
+    )
+
+
+def _file_type(value: str) -> SegmentFileType:
+    try:
+        return SegmentFileType(value)
+    except ValueError as exc:
+        raise ValidationError(f"{value!r} is not a segment file type ({', '.join(SegmentFileType)})") from exc
+
+
+def _check_offset(name: str, value: int | None) -> None:
+    if value is not None and value < 0:
+        raise ValidationError(f"{name} {value} must not be negative")
+
+
+class MetadataStore:
+    """The metadata database behind one tieredstore; thread-safe, every method one transaction."""
+
+    def __init__(self, url: str | URL, *, engine: Engine | None = None) -> None:
+        """Open ``url`` (or the given engine) and refuse unless the schema is at head."""
+        self._engine = engine if engine is not None else create_metadata_engine(url)
+        try:
+            with self._translate("check the schema"):
+                migrate.check_schema(self._engine)
+        except BaseException:
+            if engine is None:
+                self._engine.dispose()
+            raise
+        self._read = sessionmaker(self._engine, expire_on_commit=False)
+        self._write = sessionmaker(self._engine.execution_options(**{IMMEDIATE_OPTION: True}), expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str | URL, *, create: bool = True) -> MetadataStore:
+        """Open ``url``; with ``create``, a brand-new embedded SQLite database is migrated to head first.
+
+        Brand-new means the file does not exist or holds no table at all (or it is in-memory). Any
+        other database, and every PostgreSQL database, must already be at head.
+        """
+        parsed = parse_url(url)
+        engine = create_metadata_engine(parsed)
+        try:
+            if create and parsed.get_backend_name() == "sqlite" and cls._is_brand_new_sqlite(parsed, engine):
+                with cls._translate("create the embedded schema"):
+                    migrate.upgrade(engine)
+            return cls(parsed, engine=engine)
+        except BaseException:
+            engine.dispose()
+            raise
+
+    @staticmethod
+    def _is_brand_new_sqlite(url: URL, engine: Engine) -> bool:
+        path = sqlite_path(url)
+        if path is not None:
+            if not path.exists() or path.stat().st_size == 0:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                return True
+        elif not is_sqlite_memory(url):
+            return False
+        with engine.connect() as connection:
+            return not inspect(connection).get_table_names()
+
+    @property
+    def url(self) -> str:
+        """The database URL with any password hidden."""
+        return safe_url(self._engine.url)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> MetadataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    @contextmanager
+    def _translate(action: str) -> Iterator[None]:
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            raise MetadataError(f"metadata database failed to {action}: {exc.__class__.__name__}: {exc}") from exc
+
+    @contextmanager
+    def _writing(self, action: str) -> Iterator[Session]:
+        with self._translate(action), self._write.begin() as session:
+            yield session
+
+    @contextmanager
+    def _reading(self, action: str) -> Iterator[Session]:
+        with self._translate(action), self._read.begin() as session:
+            yield session
+
+    # ---- topics ----------------------------------------------------------------------------------
+
+    def get_or_create_topic(self, name: str, *, reserve_hours: int | None = None) -> TopicInfo:
+        """The topic named ``name``, created with ``reserve_hours`` (default 72) if it does not exist."""
+        if reserve_hours is not None and reserve_hours <= 0:
+            raise ValidationError(f"reserve_hours {reserve_hours} must be positive")
+        existing = self._find_topic(name)
+        if existing is not None:
+            return existing
+        stamp = now_ms()
+        try:
+            with self._writing("create a topic") as session:
+                row = Topic(
+                    name=name,
+                    reserve_hours=reserve_hours or DEFAULT_RESERVE_HOURS,
+                    status=TopicStatus.ACTIVE,
+                    created=stamp,
+                    updated=stamp,
+                )
+                session.add(row)
+                session.flush()
+                return _topic_info(row)
+        except MetadataError as exc:
+            # Another process created it between our read and our insert: theirs is the topic.
+            if not isinstance(exc.__cause__, SqlIntegrityError):
+                raise
+            created = self._find_topic(name)
+            if created is None:
+                raise
+            return created
+
+    def _find_topic(self, name: str) -> TopicInfo | None:
+        with self._reading("read a topic") as session:
+            row = session.scalar(select(Topic).where(Topic.name == name))
+            return None if row is None else _topic_info(row)
+
+    def get_topic(self, name: str) -> TopicInfo:
+        topic = self._find_topic(name)
+        if topic is None:
+            raise NotFoundError(f"topic {name!r} is not in the metadata store")
+        return topic
+
+    def list_topics(self) -> list[TopicInfo]:
+        with self._reading("list topics") as session:
+            return [_topic_info(row) for row in session.scalars(select(Topic).order_by(Topic.name))]
+
+    def set_retention(self, name: str, reserve_hours: int) -> TopicInfo:
+        """Keep the topic's cold data for ``reserve_hours`` hours."""
+        if reserve_hours <= 0:
+            raise ValidationError(f"reserve_hours {reserve_hours} must be positive")
+        return self._update_topic(name, reserve_hours=reserve_hours)
+
+    def set_topic_status(self, name: str, status: TopicStatus) -> TopicInfo:
+        return self._update_topic(name, status=status)
+
+    def _update_topic(self, name: str, **values: object) -> TopicInfo:
+        with self._writing("update a topic") as session:
+            row = session.scalar(select(Topic).where(Topic.name == name))
+            if row is None:
+                raise NotFoundError(f"topic {name!r} is not in the metadata store")
+            for column, value in values.items():
+                setattr(row, column, value)
+            row.updated = now_ms()
+            session.flush()
+            return _topic_info(row)
+
+    def delete_topic(self, name: str) -> None:
+        """Remove the topic and its queues (segment rows are removed by whoever removes the objects)."""
+        with self._writing("delete a topic") as session:
+            result = session.execute(delete(Topic).where(Topic.name == name))
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise NotFoundError(f"topic {name!r} is not in the metadata store")
+
+    # ---- queues ----------------------------------------------------------------------------------
+
+    def get_or_create_queue(self, topic: str, queue_id: int, *, start_offset: int = 0) -> QueuePosition:
+        """The queue's positions, created at ``start_offset`` (with its topic) if it does not exist."""
+        if queue_id < 0:
+            raise ValidationError(f"queue id {queue_id} must not be negative")
+        _check_offset("start offset", start_offset)
+        existing = self._find_queue(topic, queue_id)
+        if existing is not None:
+            return existing
+        topic_info = self.get_or_create_topic(topic)
+        try:
+            with self._writing("create a queue") as session:
+                row = Queue(
+                    topic_id=topic_info.id,
+                    queue_id=queue_id,
+                    min_offset=start_offset,
+                    max_offset=start_offset,
+                    updated=now_ms(),
+                    version=0,
+                    epoch=0,
+                )
+                session.add(row)
+                session.flush()
+                return _queue_position(topic, row)
+        except MetadataError as exc:
+            if not isinstance(exc.__cause__, SqlIntegrityError):
+                raise
+            created = self._find_queue(topic, queue_id)
+            if created is None:
+                raise
+            return created
+
+    def _find_queue(self, topic: str, queue_id: int) -> QueuePosition | None:
+        with self._reading("read a queue") as session:
+            row = session.scalar(
+                select(Queue)
+                .join(Topic, Topic.id == Queue.topic_id)
+                .where(Topic.name == topic, Queue.queue_id == queue_id)
+            )
+            return None if row is None else _queue_position(topic, row)
+
+    def get_queue(self, topic: str, queue_id: int) -> QueuePosition:
+        queue = self._find_queue(topic, queue_id)
+        if queue is None:
+            raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+        return queue
+
+    def list_queues(self, topic: str | None = None) -> list[QueuePosition]:
+        """Every queue (of one topic, or of all), in one query: what a restart reads first."""
+        statement = select(Topic.name, Queue).join(Topic, Topic.id == Queue.topic_id)
+        if topic is not None:
+            statement = statement.where(Topic.name == topic)
+        statement = statement.order_by(Topic.name, Queue.queue_id)
+        with self._reading("list queues") as session:
+            return [_queue_position(name, row) for name, row in session.execute(statement)]
+
+    def update_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        *,
+        expected_version: int,
+        min_offset: int | None = None,
+        max_offset: int | None = None,
+    ) -> QueuePosition:
+        """Set the queue's positions if its version is still ``expected_version``; bumps the version."""
+        return self.record_commit(
+            topic, queue_id, expected_version=expected_version, min_offset=min_offset, max_offset=max_offset
+        )
+
+    def record_commit(
+        self,
+        topic: str,
+        queue_id: int,
+        *,
+        expected_version: int,
+        min_offset: int | None = None,
+        max_offset: int | None = None,
+        segments: Sequence[SegmentUpdate] = (),
+    ) -> QueuePosition:
+        """Queue positions and the segments they rest on, in one transaction with the optimistic check."""
+        _check_offset("min offset", min_offset)
+        _check_offset("max offset", max_offset)
+        if min_offset is not None and max_offset is not None and min_offset > max_offset:
+            raise ValidationError(f"min offset {min_offset} is above max offset {max_offset}")
+        with self._writing("update a queue") as session:
+            topic_id = session.scalar(select(Topic.id).where(Topic.name == topic))
+            if topic_id is None:
+                raise NotFoundError(f"topic {topic!r} is not in the metadata store")
+            values: dict[str, int] = {"version": expected_version + 1, "updated": now_ms()}
+            if min_offset is not None:
+                values["min_offset"] = min_offset
+            if max_offset is not None:
+                values["max_offset"] = max_offset
+            row = session.execute(
+                update(Queue)
+                .where(
+                    Queue.topic_id == topic_id,
+                    Queue.queue_id == queue_id,
+                    Queue.version == expected_version,
+                )
+                .values(**values)
+                .returning(Queue)
+            ).scalar_one_or_none()
+            if row is None:
+                current = session.scalar(
+                    select(Queue.version).where(Queue.topic_id == topic_id, Queue.queue_id == queue_id)
+                )
+                if current is None:
+                    raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+                raise ConcurrentUpdateError(
+                    f"queue {topic}/{queue_id} is at version {current}, not {expected_version}: "
+                    "another writer updated it first"
+                )
+            position = _queue_position(topic, row)
+            for segment in segments:
+                self._apply_segment_update(session, segment)
+            return position
+
+    # ---- segments --------------------------------------------------------------------------------
+
+    def add_segment(
+        self,
+        path: str,
+        file_type: str,
+        base_offset: int,
+        *,
+        begin_timestamp: int | None = None,
+        created_timestamp: int | None = None,
+    ) -> SegmentRecord:
+        """Record a NEW, empty segment (before any byte is written to it).
+
+        A DELETED row with the same key is reused: after orphan removal a segment can be created
+        again at the offset of one that was removed.
+        """
+        kind = _file_type(file_type)
+        _check_offset("base offset", base_offset)
+        stamp = created_timestamp if created_timestamp is not None else now_ms()
+        with self._writing("add a segment") as session:
+            row = session.scalar(self._segment_query(path, kind, base_offset))
+            if row is not None and row.status != SegmentStatus.DELETED:
+                raise ValidationError(
+                    f"segment {path}/{kind.value}@{base_offset} already exists with status {row.status.value}"
+                )
+            if row is None:
+                row = Segment(path=path, file_type=kind, base_offset=base_offset)
+                session.add(row)
+            row.size = 0
+            row.status = SegmentStatus.NEW
+            row.created_timestamp = stamp
+            row.begin_timestamp = begin_timestamp
+            row.end_timestamp = begin_timestamp
+            row.sealed_timestamp = None
+            session.flush()
+            return _segment_record(row)
+
+    @staticmethod
+    def _segment_query(path: str, kind: SegmentFileType, base_offset: int):  # type: ignore[no-untyped-def]
+        return select(Segment).where(
+            Segment.path == path, Segment.file_type == kind, Segment.base_offset == base_offset
+        )
+
+    def get_segment(self, path: str, file_type: str, base_offset: int) -> SegmentRecord:
+        with self._reading("read a segment") as session:
+            row = session.scalar(self._segment_query(path, _file_type(file_type), base_offset))
+            if row is None:
+                raise NotFoundError(f"segment {path}/{file_type}@{base_offset} is not in the metadata store")
+            return _segment_record(row)
+
+    def update_segment(self, change: SegmentUpdate) -> SegmentRecord:
+        with self._writing("update a segment") as session:
+            return self._apply_segment_update(session, change)
+
+    def _apply_segment_update(self, session: Session, change: SegmentUpdate) -> SegmentRecord:
+        kind = _file_type(change.file_type)
+        _check_offset("segment size", change.size)
+        row = session.scalar(self._segment_query(change.path, kind, change.base_offset))
+        if row is None:
+            raise NotFoundError(f"segment {change.path}/{kind.value}@{change.base_offset} is not in the metadata store")
+        for column in ("size", "status", "begin_timestamp", "end_timestamp", "sealed_timestamp"):
+            value = getattr(change, column)
+            if value is not None:
+                setattr(row, column, value)
+        session.flush()
+        return _segment_record(row)
+
+    def list_segments(
+        self, path: str, file_type: str, *, statuses: Iterable[SegmentStatus] = LIVE_SEGMENT_STATUSES
+    ) -> list[SegmentRecord]:
+        """One file's segments in the given states, by ascending base offset."""
+        statement = (
+            select(Segment)
+            .where(
+                Segment.path == path,
+                Segment.file_type == _file_type(file_type),
+                Segment.status.in_(list(statuses)),
+            )
+            .order_by(Segment.base_offset)
+        )
+        with self._reading("list segments") as session:
+            return [_segment_record(row) for row in session.scalars(statement)]
+
+    def list_all_segments(
+        self,
+        *,
+        file_types: Iterable[str] | None = None,
+        statuses: Iterable[SegmentStatus] = LIVE_SEGMENT_STATUSES,
+    ) -> dict[tuple[str, SegmentFileType], list[SegmentRecord]]:
+        """Every segment grouped by (path, file type), ascending base offset: one query for a restart."""
+        statement = select(Segment).where(Segment.status.in_(list(statuses)))
+        if file_types is not None:
+            statement = statement.where(Segment.file_type.in_([_file_type(t) for t in file_types]))
+        statement = statement.order_by(Segment.path, Segment.file_type, Segment.base_offset)
+        grouped: dict[tuple[str, SegmentFileType], list[SegmentRecord]] = {}
+        with self._reading("list all segments") as session:
+            for row in session.scalars(statement):
+                grouped.setdefault((row.path, row.file_type), []).append(_segment_record(row))
+        return grouped
+
+    def delete_segment(self, path: str, file_type: str, base_offset: int) -> None:
+        """Forget a segment row entirely (used for orphans that never held archived data)."""
+        with self._writing("delete a segment") as session:
+            session.execute(
+                delete(Segment).where(
+                    Segment.path == path,
+                    Segment.file_type == _file_type(file_type),
+                    Segment.base_offset == base_offset,
+                )
+            )
+
+    def delete_segments_under(self, path: str) -> int:
+        """Forget every segment row at ``path`` or below it (a whole queue or topic); returns the count."""
+        with self._writing("delete segments") as session:
+            result = session.execute(
+                delete(Segment).where(or_(Segment.path == path, Segment.path.startswith(f"{path}/", autoescape=True)))
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+    # ---- index files -----------------------------------------------------------------------------
+
+    def add_index_file(self, name: str, *, begin_timestamp: int | None = None) -> IndexFileRecord:
+        stamp = now_ms()
+        try:
+            with self._writing("add an index file") as session:
+                row = IndexFile(
+                    name=name,
+                    status=IndexFileStatus.UNSEALED,
+                    begin_timestamp=begin_timestamp,
+                    end_timestamp=begin_timestamp,
+                    item_count=0,
+                    size=0,
+                    created=stamp,
+                    updated=stamp,
+                )
+                session.add(row)
+                session.flush()
+                return _index_file_record(row)
+        except MetadataError as exc:
+            if isinstance(exc.__cause__, SqlIntegrityError):
+                raise ValidationError(f"index file {name!r} already exists") from exc
+            raise
+
+    def get_index_file(self, name: str) -> IndexFileRecord:
+        with self._reading("read an index file") as session:
+            row = session.scalar(select(IndexFile).where(IndexFile.name == name))
+            if row is None:
+                raise NotFoundError(f"index file {name!r} is not in the metadata store")
+            return _index_file_record(row)
+
+    def update_index_file(
+        self,
+        name: str,
+        *,
+        status: IndexFileStatus | None = None,
+        begin_timestamp: int | None = None,
+        end_timestamp: int | None = None,
+        item_count: int | None = None,
+        size: int | None = None,
+    ) -> IndexFileRecord:
+        with self._writing("update an index file") as session:
+            row = session.scalar(select(IndexFile).where(IndexFile.name == name))
+            if row is None:
+                raise NotFoundError(f"index file {name!r} is not in the metadata store")
+            changes = {
+                "status": status,
+                "begin_timestamp": begin_timestamp,
+                "end_timestamp": end_timestamp,
+                "item_count": item_count,
+                "size": size,
+            }
+            for column, value in changes.items():
+                if value is not None:
+                    setattr(row, column, value)
+            row.updated = now_ms()
+            session.flush()
+            return _index_file_record(row)
+
+    def list_index_files(
+        self,
+        *,
+        statuses: Iterable[IndexFileStatus] | None = None,
+        begin_timestamp: int | None = None,
+        end_timestamp: int | None = None,
+    ) -> list[IndexFileRecord]:
+        """Index files, optionally only those whose time interval overlaps [begin, end]; oldest first.
+
+        A file with no timestamps yet (no items) overlaps nothing.
+        """
+        statement = select(IndexFile)
+        if statuses is not None:
+            statement = statement.where(IndexFile.status.in_(list(statuses)))
+        if end_timestamp is not None:
+            statement = statement.where(IndexFile.begin_timestamp <= end_timestamp)
+        if begin_timestamp is not None:
+            statement = statement.where(IndexFile.end_timestamp >= begin_timestamp)
+        statement = statement.order_by(IndexFile.begin_timestamp.asc().nulls_last(), IndexFile.id)
+        with self._reading("list index files") as session:
+            return [_index_file_record(row) for row in session.scalars(statement)]
+
+    def delete_index_file(self, name: str) -> None:
+        with self._writing("delete an index file") as session:
+            session.execute(delete(IndexFile).where(IndexFile.name == name))

@@ -1,0 +1,135 @@
+"""Alembic owns the schema: upgrade and downgrade on both engines, models equal head, refusals name a command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from tieredstore.errors import ConfigError, SchemaVersionError
+from tieredstore.metadata import MetadataStore, check_schema, current, downgrade, head, upgrade
+from tieredstore.metadata.engine import create_metadata_engine
+from tieredstore.metadata.models import Base
+
+TABLES = {"topics", "queues", "segments", "index_files"}
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_metadata_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_empty_database_to_head_and_downgrade_to_base(metadata_url: str) -> None:
+    assert current(metadata_url) is None
+    upgrade(metadata_url)
+    assert current(metadata_url) == head()
+    assert _tables(metadata_url) >= TABLES
+    downgrade(metadata_url, "base")
+    assert current(metadata_url) is None
+    assert not (_tables(metadata_url) & TABLES)
+    upgrade(metadata_url)  # and back up again: the downgrade left nothing behind that blocks it
+    assert current(metadata_url) == head()
+
+
+def test_models_and_head_revision_agree(metadata_url: str) -> None:
+    upgrade(metadata_url)
+    engine = create_metadata_engine(metadata_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "compare_server_default": True}
+            )
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_store_refuses_an_unmigrated_database_and_says_what_to_run(metadata_url: str) -> None:
+    with pytest.raises(SchemaVersionError, match="tieredstore db upgrade --metadata-url") as caught:
+        MetadataStore(metadata_url)
+    assert "has no tieredstore schema" in str(caught.value)
+    assert not (_tables(metadata_url) & TABLES), "opening must never create tables"
+
+
+def test_store_refuses_a_database_newer_than_it_knows(metadata_url: str) -> None:
+    upgrade(metadata_url)
+    engine = create_metadata_engine(metadata_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
+        with pytest.raises(SchemaVersionError, match=r"ffff_from_the_future.*upgrade tieredstore"):
+            check_schema(engine)
+    finally:
+        engine.dispose()
+    with pytest.raises(SchemaVersionError, match="does not know"):
+        MetadataStore(metadata_url)
+
+
+def test_store_opens_a_database_at_head(metadata_url: str) -> None:
+    upgrade(metadata_url)
+    with MetadataStore(metadata_url) as store:
+        assert store.get_or_create_topic("TopicA").reserve_hours == 72
+
+
+def test_refusal_hides_the_password(postgres_url: str) -> None:
+    with_password = postgres_url.replace("postgres@", "postgres:s3cret@")
+    with pytest.raises(SchemaVersionError) as caught:
+        MetadataStore(with_password)
+    assert "s3cret" not in str(caught.value)
+    assert "***" in str(caught.value)
+
+
+def test_open_creates_a_brand_new_embedded_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'data' / 'nested' / 'metadata.db'}"
+    with MetadataStore.open(url) as store:
+        store.get_or_create_queue("TopicA", 3)
+    assert current(url) == head()
+    with MetadataStore.open(url) as store:  # reopening keeps what was written
+        assert store.get_queue("TopicA", 3).queue_id == 3
+
+
+def test_open_in_memory_sqlite_works_with_zero_setup() -> None:
+    with MetadataStore.open("sqlite://") as store:
+        store.get_or_create_topic("TopicA")
+        assert [t.name for t in store.list_topics()] == ["TopicA"]
+
+
+def test_open_does_not_migrate_an_existing_sqlite_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    engine = create_metadata_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE someone_elses (id INTEGER)"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match="tieredstore db upgrade"):
+        MetadataStore.open(url)
+    assert current(url) is None
+
+
+def test_open_without_create_refuses_a_new_file(tmp_path: Path) -> None:
+    with pytest.raises(SchemaVersionError):
+        MetadataStore.open(f"sqlite:///{tmp_path / 'metadata.db'}", create=False)
+
+
+def test_open_never_migrates_postgres(postgres_url: str) -> None:
+    with pytest.raises(SchemaVersionError, match="tieredstore db upgrade"):
+        MetadataStore.open(postgres_url)
+    assert current(postgres_url) is None
+
+
+@pytest.mark.parametrize("url", ["mysql://root@localhost/db", "not a url"])
+def test_unsupported_or_malformed_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError, match="metadata URL"):
+        MetadataStore(url)
+
+
+def test_migrations_run_without_alembic_ini(metadata_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no alembic.ini anywhere near the working directory
+    upgrade(metadata_url)
+    assert current(metadata_url) == head()
