@@ -1,0 +1,23 @@
+"""The local hot store: commit log, consume queues, crash recovery and the producer API."""
+
+from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.flusher import FlushStats
+from tieredstore.local.store import (
+    LocalMessageStore,
+    PutRequest,
+    PutResult,
+    RecoveryReport,
+    RetentionReport,
+    StoredMessage,
+)
+
+__all__ = [
+    "FlushStats",
+    "LocalMessageStore",
+    "LocalStoreConfig",
+    "PutRequest",
+    "PutResult",
+    "RecoveryReport",
+    "RetentionReport",
+    "StoredMessage",
+]

@@ -1,0 +1,219 @@
+"""The hot commit log: every topic's records in one log of fixed-size files named by start offset.
+
+A record never straddles two files. When the next record plus an 8-byte blank header does not
+fit in what is left of a file, the rest of the file becomes a blank record (RocketMQ's rule) and
+the record starts the next file. ``write_offset`` is the end of the valid data; nothing at or
+past it is ever served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.formats.message import BLANK_HEADER, MAGIC_BLANK, MessageRecord, decode
+from tieredstore.formats.naming import hot_file_name
+from tieredstore.local.mapped_file import MappedFile, fsync_directory
+from tieredstore.local.queue import list_offset_files
+
+END_FILE_MIN_BLANK_LENGTH = BLANK_HEADER.size
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPlan:
+    """Where a batch of records will go: their offsets, blanks to write first, and the new end."""
+
+    positions: list[int]
+    blanks: list[tuple[int, int]]
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScanStop:
+    """Why a commit-log scan ended: a clean end (``reason`` None) or the first invalid byte."""
+
+    offset: int
+    reason: str | None
+
+
+class CommitLog:
+    """The files of ``<store>/commitlog``, the write position and the flushed position."""
+
+    def __init__(self, directory: Path, *, file_size: int, writable: bool) -> None:
+        self.directory = directory
+        self.writable = writable
+        self._new_file_size = file_size
+        self.files: list[MappedFile] = []
+        self.write_offset = 0
+        self.flushed_offset = 0
+
+    @classmethod
+    def load(cls, directory: Path, *, file_size: int, writable: bool) -> CommitLog:
+        log = cls(directory, file_size=file_size, writable=writable)
+        if writable:
+            directory.mkdir(parents=True, exist_ok=True)
+        previous_end: int | None = None
+        for start, path in list_offset_files(directory):
+            if previous_end is not None and start != previous_end:
+                raise CorruptRecordError(
+                    f"commit-log files are not contiguous: expected a file at {previous_end}", location=str(path)
+                )
+            if path.stat().st_size == 0:
+                continue
+            file = MappedFile(path, start, writable=writable)
+            log.files.append(file)
+            previous_end = file.end_offset
+        if log.files:
+            log.write_offset = log.flushed_offset = log.files[0].start_offset
+        return log
+
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].start_offset if self.files else self.write_offset
+
+    def file_for(self, offset: int) -> MappedFile | None:
+        low, high = 0, len(self.files)
+        while low < high:
+            middle = (low + high) // 2
+            if self.files[middle].start_offset <= offset:
+                low = middle + 1
+            else:
+                high = middle
+        if low == 0 or offset >= self.files[low - 1].end_offset:
+            return None
+        return self.files[low - 1]
+
+    def plan(self, sizes: list[int]) -> AppendPlan:
+        """Lay out records of ``sizes`` after the write position; pure arithmetic, nothing is touched."""
+        offset = self.write_offset
+        current = self.file_for(offset)
+        file_start = current.start_offset if current else offset
+        file_end = current.end_offset if current else offset + self._new_file_size
+        positions: list[int] = []
+        blanks: list[tuple[int, int]] = []
+        for size in sizes:
+            if file_end - offset < size + END_FILE_MIN_BLANK_LENGTH:
+                blanks.append((offset, file_end - offset))
+                file_start = file_end
+                file_end = file_start + self._new_file_size
+                offset = file_start
+            positions.append(offset)
+            offset += size
+        return AppendPlan(positions, blanks, offset)
+
+    def prepare(self, plan: AppendPlan) -> None:
+        """Create and reserve disk for every file the plan writes into; StoreFullError leaves data untouched."""
+        target = plan.end_offset
+        while not self.files or self.files[-1].end_offset <= target:
+            start = self.files[-1].end_offset if self.files else self.write_offset
+            self._add_file(start)
+        for file in self.files:
+            if file.end_offset <= self.write_offset or file.start_offset > target:
+                continue
+            begin = max(self.write_offset, file.start_offset) - file.start_offset
+            file.reserve(begin, min(target + END_FILE_MIN_BLANK_LENGTH, file.end_offset) - file.start_offset)
+
+    def _add_file(self, start: int) -> None:
+        path = self.directory / hot_file_name(start)
+        if path.exists():
+            file = MappedFile(path, start, writable=True)
+        else:
+            file = MappedFile(path, start, writable=True, create_size=self._new_file_size)
+            fsync_directory(self.directory)
+        self.files.append(file)
+
+    def write(self, offset: int, data: bytes) -> MappedFile:
+        file = self.file_for(offset)
+        if file is None:
+            raise NotFoundError(f"no commit-log file holds offset {offset}")
+        file.write(offset - file.start_offset, data)
+        return file
+
+    def write_blank(self, offset: int, size: int) -> None:
+        # Only the header: the rest of a file is zeros already, and writing them would allocate the blocks.
+        self.write(offset, BLANK_HEADER.pack(size, MAGIC_BLANK))
+
+    def read(self, offset: int, size: int) -> bytes:
+        """The bytes of a record at ``offset``; NotFoundError unless they are entirely valid data."""
+        if offset < self.min_offset or offset + size > self.write_offset:
+            raise NotFoundError(f"commit-log range [{offset}, {offset + size}) is not in the hot store")
+        file = self.file_for(offset)
+        if file is None or offset + size > file.end_offset:
+            raise NotFoundError(f"commit-log range [{offset}, {offset + size}) is not in one file")
+        try:
+            return file.read(offset - file.start_offset, size)
+        except ValueError as exc:
+            raise NotFoundError(f"commit-log offset {offset} was just deleted") from exc
+
+    def flush(self, upto: int) -> None:
+        """msync every byte below ``upto`` that is not flushed yet."""
+        start = self.flushed_offset
+        if upto <= start:
+            return
+        for file in list(self.files):
+            if file.end_offset > start and file.start_offset < upto:
+                file.flush(max(0, start - file.start_offset), upto - file.start_offset)
+        self.flushed_offset = upto
+
+    def scan(self, start: int) -> Iterator[tuple[int, int, MessageRecord] | ScanStop]:
+        """Validate records from ``start``: yields (offset, size, record) for each, then one ScanStop."""
+        offset = start
+        while True:
+            file = self.file_for(offset)
+            if file is None:
+                yield ScanStop(offset, None)
+                return
+            local = offset - file.start_offset
+            if file.size - local < BLANK_HEADER.size:
+                offset = file.end_offset
+                continue
+            size, magic = BLANK_HEADER.unpack_from(file.buffer, local)
+            if size == 0 and magic == 0:
+                yield ScanStop(offset, None)
+                return
+            if magic == MAGIC_BLANK:
+                if size != file.size - local:
+                    yield ScanStop(offset, f"blank record of {size} bytes does not end its file")
+                    return
+                offset = file.end_offset
+                continue
+            with memoryview(file.buffer) as view:
+                try:
+                    record = decode(view, local, location=str(file.path))
+                except CorruptRecordError as exc:
+                    yield ScanStop(offset, str(exc))
+                    return
+            if record.physical_offset != offset:
+                yield ScanStop(offset, f"record claims physical offset {record.physical_offset}")
+                return
+            yield offset, size, record
+            offset += size
+
+    def truncate(self, valid_end: int) -> tuple[int, list[str]]:
+        """Zero everything from ``valid_end`` and delete later files; (bytes cleared, files removed)."""
+        cleared = 0
+        removed: list[str] = []
+        while self.files and self.files[-1].start_offset > valid_end:
+            file = self.files.pop()
+            removed.append(file.path.name)
+            file.delete()
+        if removed:
+            fsync_directory(self.directory)
+        file = self.file_for(valid_end)
+        if file is not None:
+            cleared = file.zero_from(valid_end - file.start_offset)
+            file.flush()
+        self.write_offset = self.flushed_offset = valid_end
+        return cleared, removed
+
+    def delete_first_file(self) -> MappedFile:
+        file = self.files.pop(0)
+        file.delete()
+        fsync_directory(self.directory)
+        return file
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()

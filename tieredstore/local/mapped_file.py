@@ -1,0 +1,119 @@
+"""A fixed-size, memory-mapped store file (commit-log or consume-queue), named by its start offset.
+
+Files are created at their full size, as RocketMQ does, so unwritten space reads as zeros and the
+first zero header marks the end of the data. Disk blocks are reserved with ``posix_fallocate`` a
+chunk ahead of the writer: a full disk then surfaces as StoreFullError before a byte is written,
+instead of as SIGBUS on a page fault into a sparse hole.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+from tieredstore.errors import StoreFullError
+
+ALLOCATION_CHUNK = 4 << 20
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a created, renamed or deleted entry of ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MappedFile:
+    """One file of ``size`` bytes mapped whole; byte ``i`` holds logical offset ``start_offset + i``."""
+
+    def __init__(self, path: Path, start_offset: int, *, writable: bool, create_size: int | None = None) -> None:
+        self.path = path
+        self.start_offset = start_offset
+        self.writable = writable
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        if create_size is not None:
+            flags |= os.O_CREAT | os.O_EXCL
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            if create_size is not None:
+                os.ftruncate(self._fd, create_size)
+            self.size = os.fstat(self._fd).st_size
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._map = mmap.mmap(self._fd, self.size, access=access)
+        except BaseException:
+            os.close(self._fd)
+            if create_size is not None:
+                path.unlink(missing_ok=True)
+            raise
+        # Unknown for an existing file: reserve again from wherever the writer resumes.
+        self._allocated_upto = 0
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.size
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapping itself, for zero-copy struct reads; callers must not keep it past close()."""
+        return self._map
+
+    def read(self, position: int, length: int) -> bytes:
+        return self._map[position : position + length]
+
+    def write(self, position: int, data: bytes) -> None:
+        self._map[position : position + len(data)] = data
+
+    def reserve(self, position: int, upto: int) -> None:
+        """Have disk blocks for ``[position, upto)`` before writing there; StoreFullError when the disk is full."""
+        if upto <= self._allocated_upto:
+            return
+        start = max(position, self._allocated_upto)
+        end = min(self.size, max(upto, start + ALLOCATION_CHUNK))
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError(f"no disk space left for {self.path}: {exc.strerror}") from exc
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        self._allocated_upto = end
+
+    def flush(self, start: int = 0, end: int | None = None) -> None:
+        """msync the bytes in ``[start, end)`` (whole file by default) to disk."""
+        if not self.writable:
+            return
+        end = self.size if end is None else min(end, self.size)
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        if end > aligned:
+            self._map.flush(aligned, end - aligned)
+
+    def zero_from(self, position: int) -> int:
+        """Zero every byte from ``position`` to the end; returns how many were not zero already."""
+        dirty = 0
+        chunk = len(_ZERO_CHUNK)
+        cursor = position
+        while cursor < self.size:
+            length = min(chunk, self.size - cursor)
+            current = self._map[cursor : cursor + length]
+            if current != _ZERO_CHUNK[:length]:
+                dirty += length - current.count(0) if length else 0
+                self._map[cursor : cursor + length] = _ZERO_CHUNK[:length]
+            cursor += length
+        return dirty
+
+    def close(self) -> None:
+        if not self._map.closed:
+            self._map.close()
+            os.close(self._fd)
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"MappedFile({str(self.path)!r}, start={self.start_offset}, size={self.size})"

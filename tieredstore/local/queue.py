@@ -1,0 +1,239 @@
+"""One consume queue of the hot store: 20-byte units in files under ``consumequeue/<topic>/<queueId>/``.
+
+As in RocketMQ, a file is named by its start in the queue's byte address space (queue offset * 20),
+so with 300,000 units per file the second file is ``00000000000006000000``. Units are published by
+raising ``max_offset`` after their bytes are in place, so a reader never sees a half-written unit.
+A read-only queue (a broker's directory) keeps the units it had to rebuild in memory.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.naming import hot_file_name
+from tieredstore.local.mapped_file import MappedFile, fsync_directory
+
+_UNIT = struct.Struct(">qiq")
+_OFFSET_AND_SIZE = struct.Struct(">qi")
+
+
+def list_offset_files(directory: Path) -> list[tuple[int, Path]]:
+    """(start offset, path) of every 20-digit file in ``directory``, in offset order."""
+    if not directory.is_dir():
+        return []
+    found = [(int(p.name), p) for p in directory.iterdir() if p.is_file() and len(p.name) == 20 and p.name.isdigit()]
+    return sorted(found)
+
+
+class ConsumeQueue:
+    """The units of one (topic, queue id), on disk and, when read-only, in memory past the files."""
+
+    def __init__(self, topic: str, queue_id: int, directory: Path, *, file_size: int, writable: bool) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = directory
+        self.writable = writable
+        self._new_file_size = file_size
+        self._files: list[MappedFile] = []
+        self._memory_units = bytearray()
+        self._memory_base = 0
+        self.min_offset = 0
+        self.max_offset = 0
+        self._flushed_offset = 0
+
+    @classmethod
+    def load(cls, topic: str, queue_id: int, directory: Path, *, file_size: int, writable: bool) -> ConsumeQueue:
+        """Map the queue's files and find its first and last written unit."""
+        queue = cls(topic, queue_id, directory, file_size=file_size, writable=writable)
+        for start, path in list_offset_files(directory):
+            if start % UNIT_SIZE:
+                raise CorruptRecordError(
+                    f"consume-queue file name is not a multiple of {UNIT_SIZE}", location=str(path)
+                )
+            if path.stat().st_size < UNIT_SIZE:
+                continue
+            queue._files.append(MappedFile(path, start, writable=writable))
+        if queue._files:
+            queue._find_bounds()
+        queue._flushed_offset = queue.max_offset
+        queue._memory_base = queue.max_offset
+        return queue
+
+    def _find_bounds(self) -> None:
+        first = self._files[0]
+        data = first.read(0, first.size - first.size % UNIT_SIZE)
+        leading_zeros = len(data) - len(data.lstrip(b"\x00"))
+        # A unit's size field is never zero, so the first non-zero byte lies inside the first written unit.
+        self.min_offset = (first.start_offset + leading_zeros - leading_zeros % UNIT_SIZE) // UNIT_SIZE
+        last = self._files[-1]
+        capacity = last.size // UNIT_SIZE
+        low, high = 0, capacity
+        while low < high:
+            middle = (low + high) // 2
+            if self._is_empty_at(last, middle * UNIT_SIZE):
+                high = middle
+            else:
+                low = middle + 1
+        self.max_offset = max(self.min_offset, last.start_offset // UNIT_SIZE + low)
+
+    @staticmethod
+    def _is_empty_at(file: MappedFile, position: int) -> bool:
+        return _UNIT.unpack_from(file.buffer, position)[1] == 0
+
+    def _locate(self, queue_offset: int) -> tuple[MappedFile, int]:
+        byte_offset = queue_offset * UNIT_SIZE
+        low, high = 0, len(self._files)
+        while low < high:
+            middle = (low + high) // 2
+            if self._files[middle].start_offset <= byte_offset:
+                low = middle + 1
+            else:
+                high = middle
+        if low == 0 or byte_offset >= self._files[low - 1].end_offset:
+            raise NotFoundError(f"no consume-queue file of {self.topic}/{self.queue_id} holds offset {queue_offset}")
+        file = self._files[low - 1]
+        return file, byte_offset - file.start_offset
+
+    def unit_at(self, queue_offset: int) -> ConsumeQueueUnit:
+        """The unit at ``queue_offset``; NotFoundError outside ``[min_offset, max_offset)``."""
+        if not self.min_offset <= queue_offset < self.max_offset:
+            raise NotFoundError(
+                f"offset {queue_offset} of {self.topic}/{self.queue_id} is outside "
+                f"[{self.min_offset}, {self.max_offset})"
+            )
+        return self._unit_unchecked(queue_offset)
+
+    def _unit_unchecked(self, queue_offset: int) -> ConsumeQueueUnit:
+        if queue_offset >= self._memory_base and not self.writable:
+            return ConsumeQueueUnit(
+                *_UNIT.unpack_from(self._memory_units, (queue_offset - self._memory_base) * UNIT_SIZE)
+            )
+        file, position = self._locate(queue_offset)
+        try:
+            return ConsumeQueueUnit(*_UNIT.unpack_from(file.buffer, position))
+        except ValueError as exc:
+            # The file was unmapped by retention between the bounds check and the read.
+            raise NotFoundError(f"offset {queue_offset} of {self.topic}/{self.queue_id} was just deleted") from exc
+
+    def units(self, queue_offset: int, max_count: int) -> Iterator[tuple[int, ConsumeQueueUnit]]:
+        """Up to ``max_count`` (queue offset, unit) pairs from ``queue_offset`` on, stopping at max_offset."""
+        end = min(self.max_offset, queue_offset + max_count)
+        for offset in range(max(queue_offset, self.min_offset), end):
+            yield offset, self._unit_unchecked(offset)
+
+    def commitlog_position_at(self, queue_offset: int) -> tuple[int, int]:
+        """(commit-log offset, size) of a unit without building the dataclass; for binary searches."""
+        if queue_offset >= self._memory_base and not self.writable:
+            return _OFFSET_AND_SIZE.unpack_from(self._memory_units, (queue_offset - self._memory_base) * UNIT_SIZE)  # type: ignore[return-value]
+        file, position = self._locate(queue_offset)
+        return _OFFSET_AND_SIZE.unpack_from(file.buffer, position)  # type: ignore[return-value]
+
+    def lower_bound(self, commitlog_offset: int) -> int:
+        """The first queue offset whose unit lies at or after ``commitlog_offset`` (max_offset if none)."""
+        low, high = self.min_offset, self.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            if self.commitlog_position_at(middle)[0] < commitlog_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def append(self, unit: ConsumeQueueUnit, queue_offset: int) -> None:
+        """Write the unit for ``queue_offset`` (= max_offset, or the first offset of an empty queue) and publish it."""
+        if self.max_offset == self.min_offset == 0 and queue_offset > 0 and not self._files:
+            self.min_offset = self.max_offset = self._memory_base = self._flushed_offset = queue_offset
+        if queue_offset != self.max_offset:
+            raise CorruptRecordError(
+                f"queue {self.topic}/{self.queue_id} expects offset {self.max_offset} next, not {queue_offset}"
+            )
+        if not self.writable:
+            self._memory_units += unit.encode()
+            self.max_offset = queue_offset + 1
+            return
+        byte_offset = queue_offset * UNIT_SIZE
+        if not self._files or byte_offset >= self._files[-1].end_offset:
+            self._add_file(byte_offset)
+        file = self._files[-1]
+        position = byte_offset - file.start_offset
+        file.reserve(position, position + UNIT_SIZE)
+        _UNIT.pack_into(file.buffer, position, unit.commitlog_offset, unit.size, unit.tag_hash)
+        self.max_offset = queue_offset + 1
+
+    def prepare(self, count: int) -> None:
+        """Create and reserve disk for the next ``count`` units, so appending them cannot fail half-way."""
+        end_byte = (self.max_offset + count) * UNIT_SIZE
+        while not self._files or self._files[-1].end_offset < end_byte:
+            self._add_file(self.max_offset * UNIT_SIZE)
+        start_byte = self.max_offset * UNIT_SIZE
+        for file in self._files:
+            if file.end_offset > start_byte and file.start_offset < end_byte:
+                file.reserve(max(0, start_byte - file.start_offset), min(file.size, end_byte - file.start_offset))
+
+    def _add_file(self, byte_offset: int) -> None:
+        start = self._files[-1].end_offset if self._files else byte_offset - byte_offset % self._new_file_size
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / hot_file_name(start)
+        if path.exists():
+            file = MappedFile(path, start, writable=True)
+        else:
+            file = MappedFile(path, start, writable=True, create_size=self._new_file_size)
+            fsync_directory(self.directory)
+        self._files.append(file)
+
+    def truncate_to(self, queue_offset: int) -> int:
+        """Forget every unit at or after ``queue_offset``; returns how many were dropped."""
+        queue_offset = max(queue_offset, self.min_offset)
+        dropped = max(0, self.max_offset - queue_offset)
+        if dropped == 0:
+            return 0
+        self.max_offset = queue_offset
+        if not self.writable:
+            if queue_offset >= self._memory_base:
+                del self._memory_units[(queue_offset - self._memory_base) * UNIT_SIZE :]
+            else:
+                self._memory_units.clear()
+                self._memory_base = queue_offset
+            return dropped
+        byte_offset = queue_offset * UNIT_SIZE
+        while self._files and self._files[-1].start_offset > byte_offset and len(self._files) > 1:
+            self._files.pop().delete()
+        file = self._files[-1]
+        file.zero_from(max(0, byte_offset - file.start_offset))
+        file.flush()
+        self._flushed_offset = min(self._flushed_offset, queue_offset)
+        return dropped
+
+    def flush(self) -> None:
+        """msync the units written since the last flush."""
+        end = self.max_offset
+        if not self.writable or end <= self._flushed_offset:
+            return
+        start_byte, end_byte = self._flushed_offset * UNIT_SIZE, end * UNIT_SIZE
+        for file in self._files:
+            if file.end_offset > start_byte and file.start_offset < end_byte:
+                file.flush(max(0, start_byte - file.start_offset), end_byte - file.start_offset)
+        self._flushed_offset = end
+
+    def delete_files_below(self, commitlog_min_offset: int) -> int:
+        """Delete leading files whose every unit points below ``commitlog_min_offset``; moves min_offset up."""
+        deleted = 0
+        while len(self._files) > 1:
+            file = self._files[0]
+            last_offset = min(self.max_offset, file.end_offset // UNIT_SIZE) - 1
+            if last_offset >= self.max_offset - 1 or self.commitlog_position_at(last_offset)[0] >= commitlog_min_offset:
+                break
+            self._files.pop(0)
+            file.delete()
+            deleted += 1
+            self.min_offset = max(self.min_offset, self._files[0].start_offset // UNIT_SIZE)
+        self.min_offset = self.lower_bound(commitlog_min_offset) if self._files else self.max_offset
+        return deleted
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()

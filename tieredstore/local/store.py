@@ -1,0 +1,722 @@
+"""LocalMessageStore: the hot tier producers write to and the archiver reads from.
+
+Layout is RocketMQ's: ``<dir>/commitlog/<20-digit start>``, ``<dir>/consumequeue/<topic>/<queueId>/
+<20-digit start>``, ``<dir>/checkpoint``, plus ``<dir>/lock`` (one writer per directory) and
+``<dir>/abort`` (present while open: finding it at open means the last run did not close cleanly).
+Opened ``read_only`` it reads a RocketMQ broker's store directory without writing a byte to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import structlog
+
+from tieredstore.errors import (
+    ConfigError,
+    CorruptRecordError,
+    InvalidPropertyError,
+    InvalidQueueError,
+    MessageTooLargeError,
+    NotFoundError,
+    StoreFullError,
+    ValidationError,
+)
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    MAGIC_V2,
+    NAME_VALUE_SEPARATOR,
+    POS_BORN_HOST,
+    POS_PHYSICAL_OFFSET,
+    POS_QUEUE_OFFSET,
+    PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    MessageRecord,
+    decode,
+    encode_properties,
+    encode_raw,
+    store_timestamp_of,
+    tag_hash,
+)
+from tieredstore.formats.naming import validate_topic
+from tieredstore.local.checkpoint import Checkpoint
+from tieredstore.local.commit_log import CommitLog, ScanStop
+from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.flusher import Flusher, FlushStats
+from tieredstore.local.queue import ConsumeQueue
+
+log = structlog.get_logger(__name__)
+
+Boundary = Literal["lower", "upper"]
+_OFFSET = struct.Struct(">q")
+_HEAD = struct.Struct(">iI")
+# Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
+_TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
+
+
+@dataclass(frozen=True, slots=True)
+class PutRequest:
+    """One message of a batch for ``put_messages``."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """Where a put landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    store_timestamp: int
+
+
+class StoredMessage(NamedTuple):
+    """One message as the archiver moves it: its queue offset, the record bytes and its consume-queue unit."""
+
+    queue_offset: int
+    raw: bytes
+    unit: ConsumeQueueUnit
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What open found and repaired. ``clean`` means the checkpoint was trusted and nothing was scanned."""
+
+    clean: bool
+    scanned_from: int
+    valid_end: int
+    records_scanned: int = 0
+    stop_reason: str | None = None
+    bytes_cleared: int = 0
+    files_removed: list[str] = field(default_factory=list)
+    queue_units_dropped: int = 0
+    queue_units_rebuilt: int = 0
+    seconds: float = 0.0
+
+    @property
+    def repaired(self) -> bool:
+        """Whether anything on disk was wrong: a torn tail, stray files or consume queues out of step
+
+        (units dropped past the checkpoint and rewritten identically from the commit log are not a repair).
+        """
+        return bool(
+            self.stop_reason
+            or self.bytes_cleared
+            or self.files_removed
+            or self.queue_units_dropped != self.queue_units_rebuilt
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What ``delete_expired`` removed."""
+
+    commit_log_files: list[str]
+    consume_queue_files: int
+    commitlog_min_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    topic: str
+    queue_id: int
+    raw: bytes
+    tag_hash: int
+    store_timestamp_position: int
+
+
+class LocalMessageStore:
+    """An append-only message store in RocketMQ's layout; thread-safe; use as a context manager."""
+
+    def __init__(
+        self, data_dir: str | os.PathLike[str], *, config: LocalStoreConfig | None = None, read_only: bool = False
+    ) -> None:
+        self.root = Path(data_dir)
+        self.config = config or LocalStoreConfig()
+        self.read_only = read_only
+        self._store_host = self.config.store_host_address
+        self._born_host_raw_len = len(self._store_host.encode())
+        self._put_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._last_store_timestamp = 0
+        self._unit_count = 0
+        self._disk_checked_at = 0.0
+        self._disk_full_reason: str | None = None
+        self._closed = False
+        self._lock_fd: int | None = None
+        if read_only:
+            if not (self.root / "commitlog").is_dir():
+                raise NotFoundError(f"{self.root} has no commitlog directory; it is not a RocketMQ store")
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        try:
+            self._commit_log = CommitLog.load(
+                self.root / "commitlog", file_size=self.config.commit_log_file_size, writable=not read_only
+            )
+            self._load_queues()
+            self.recovery = self._recover()
+        except BaseException:
+            self._release()
+            raise
+        self._dispatched_offset = self._commit_log.write_offset
+        self._unit_count = sum(q.max_offset - q.min_offset for q in self._queues.values())
+        self._flusher: Flusher | None = None
+        if not read_only:
+            abort = self.root / "abort"
+            abort.touch()
+            self._flusher = Flusher(
+                interval=self.config.flush_interval,
+                write_offset=lambda: self._commit_log.write_offset,
+                flushed_offset=lambda: self._commit_log.flushed_offset,
+                flush_commit_log=self._flush_commit_log,
+                flush_all=self.flush,
+            )
+            self._flusher.start()
+        log.info(
+            "hot store opened",
+            data_dir=str(self.root),
+            read_only=read_only,
+            clean=self.recovery.clean,
+            repaired=self.recovery.repaired,
+            valid_end=self.recovery.valid_end,
+        )
+
+    # ----------------------------------------------------------------- open, recovery, close
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigError(f"{self.root} is already open by another writer (its lock file is held)") from exc
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
+        if hasattr(self, "_commit_log"):
+            self._commit_log.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _load_queues(self) -> None:
+        base = self.root / "consumequeue"
+        if not base.is_dir():
+            return
+        for topic_dir in sorted(base.iterdir()):
+            try:
+                validate_topic(topic_dir.name)
+            except ValidationError:
+                log.warning("ignoring a consume-queue folder that is not a topic", path=str(topic_dir))
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if not queue_dir.name.isdigit():
+                    continue
+                queue = ConsumeQueue.load(
+                    topic_dir.name,
+                    int(queue_dir.name),
+                    queue_dir,
+                    file_size=self.config.consume_queue_file_size,
+                    writable=not self.read_only,
+                )
+                self._queues[(queue.topic, queue.queue_id)] = queue
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            queue = ConsumeQueue(
+                topic,
+                queue_id,
+                self.root / "consumequeue" / topic / str(queue_id),
+                file_size=self.config.consume_queue_file_size,
+                writable=not self.read_only,
+            )
+            self._queues[(topic, queue_id)] = queue
+        return queue
+
+    def _recover(self) -> RecoveryReport:
+        started = time.monotonic()
+        log_ = self._commit_log
+        data_end = log_.files[-1].end_offset if log_.files else log_.write_offset
+        checkpoint = Checkpoint.read(self.root / "checkpoint")
+        if not self.read_only and checkpoint is not None and not (self.root / "abort").exists():
+            end = checkpoint.confirmed_offset
+            if self._clean_end_is_consistent(end, data_end):
+                log_.write_offset = log_.flushed_offset = end
+                return RecoveryReport(clean=True, scanned_from=end, valid_end=end, seconds=time.monotonic() - started)
+        if not log_.files and not self._queues:
+            return RecoveryReport(clean=True, scanned_from=0, valid_end=0, seconds=time.monotonic() - started)
+        start = self._recovery_start(checkpoint, data_end)
+        dropped = sum(q.truncate_to(q.lower_bound(start)) for q in self._queues.values())
+        scanned = 0
+        stop = ScanStop(start, None)
+        for item in log_.scan(start):
+            if isinstance(item, ScanStop):
+                stop = item
+                break
+            offset, size, record = item
+            queue = self._queue(record.topic, record.queue_id)
+            try:
+                queue.append(ConsumeQueueUnit(offset, size, tag_hash(record.tags)), record.queue_offset)
+            except CorruptRecordError as exc:
+                stop = ScanStop(offset, str(exc))
+                break
+            self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
+            scanned += 1
+        cleared, removed = 0, []
+        if self.read_only:
+            log_.write_offset = log_.flushed_offset = stop.offset
+        else:
+            cleared, removed = log_.truncate(stop.offset)
+            for queue in self._queues.values():
+                queue.flush()
+            self._write_checkpoint(stop.offset)
+        report = RecoveryReport(
+            clean=False,
+            scanned_from=start,
+            valid_end=stop.offset,
+            records_scanned=scanned,
+            stop_reason=stop.reason,
+            bytes_cleared=cleared,
+            files_removed=removed,
+            queue_units_dropped=dropped,
+            queue_units_rebuilt=scanned,
+            seconds=time.monotonic() - started,
+        )
+        if report.repaired:
+            log.warning("hot store repaired", **{k: getattr(report, k) for k in report.__slots__})  # type: ignore[attr-defined]
+        return report
+
+    def _clean_end_is_consistent(self, end: int, data_end: int) -> bool:
+        """After a clean close the checkpoint holds the exact end; check it against the files cheaply."""
+        log_ = self._commit_log
+        if not log_.files:
+            return end == log_.write_offset == 0 or not (self.root / "commitlog").exists()
+        if not log_.min_offset <= end <= data_end:
+            return False
+        file = log_.file_for(end)
+        if file is not None and file.size - (end - file.start_offset) >= _HEAD.size:
+            size, magic = _HEAD.unpack_from(file.buffer, end - file.start_offset)
+            if size or magic:
+                return False
+        for queue in self._queues.values():
+            if queue.max_offset > queue.min_offset:
+                offset, size = queue.commitlog_position_at(queue.max_offset - 1)
+                if offset + size > end:
+                    return False
+        return True
+
+    def _recovery_start(self, checkpoint: Checkpoint | None, data_end: int) -> int:
+        log_ = self._commit_log
+        if not self.read_only:
+            if checkpoint is not None and log_.min_offset <= checkpoint.confirmed_offset <= data_end:
+                return checkpoint.confirmed_offset
+            return log_.min_offset
+        # A broker's consume queues are trusted up to the last unit that points at a valid record.
+        best_end = log_.min_offset
+        for queue in self._queues.values():
+            if queue.max_offset > queue.min_offset:
+                offset, size = queue.commitlog_position_at(queue.max_offset - 1)
+                if offset + size > best_end and self._valid_record_at(offset, size):
+                    best_end = offset + size
+        return best_end
+
+    def _valid_record_at(self, offset: int, size: int) -> bool:
+        file = self._commit_log.file_for(offset)
+        if file is None or offset + size > file.end_offset:
+            return False
+        try:
+            with memoryview(file.buffer) as view:
+                record = decode(view[: offset - file.start_offset + size], offset - file.start_offset)
+        except CorruptRecordError:
+            return False
+        return record.physical_offset == offset
+
+    def close(self) -> None:
+        """Flush everything, write the checkpoint, and mark the shutdown clean."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._flusher is not None:
+            self._flusher.stop()
+            with self._put_lock:
+                self.flush()
+            (self.root / "abort").unlink(missing_ok=True)
+        self._release()
+
+    def __enter__(self) -> LocalMessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- flushing
+
+    def _flush_commit_log(self, upto: int) -> None:
+        with self._flush_lock:
+            self._commit_log.flush(upto)
+
+    def flush(self) -> None:
+        """Make everything written so far durable and move the checkpoint up to it."""
+        if self.read_only:
+            return
+        with self._flush_lock:
+            dispatched = self._dispatched_offset
+            for queue in list(self._queues.values()):
+                queue.flush()
+            self._commit_log.flush(dispatched)
+            self._write_checkpoint(dispatched)
+
+    def _write_checkpoint(self, confirmed: int) -> None:
+        stamp = self._last_store_timestamp
+        Checkpoint(stamp, stamp, 0, confirmed).write(self.root / "checkpoint")
+
+    @property
+    def flush_stats(self) -> FlushStats:
+        """Commit-log syncs done and sync puts served: their ratio is what group commit saves."""
+        return self._flusher.stats if self._flusher else FlushStats()
+
+    # ----------------------------------------------------------------- puts
+
+    def put_message(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> PutResult:
+        """Append one message; under sync flush it returns only once the message is on disk."""
+        return self._put([self._prepare(topic, queue_id, body, keys, tags, properties)])[0]
+
+    def put_messages(self, requests: Iterable[PutRequest]) -> list[PutResult]:
+        """Append a batch atomically with respect to validation and the disk guard: all or nothing."""
+        prepared = [self._prepare(r.topic, r.queue_id, r.body, r.keys, r.tags, r.properties) for r in requests]
+        return self._put(prepared) if prepared else []
+
+    def _prepare(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        keys: Sequence[str],
+        tags: str | None,
+        properties: Mapping[str, str] | None,
+    ) -> _Prepared:
+        validate_topic(topic)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+            raise InvalidQueueError(f"queue id must be an integer, not {type(queue_id).__name__}")
+        limit = self.config.max_queues_per_topic
+        if not 0 <= queue_id < limit:
+            raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise ValidationError(f"message body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
+        if len(body) > self.config.max_message_size:
+            raise MessageTooLargeError(
+                f"message body is {len(body)} bytes; max_message_size is {self.config.max_message_size}"
+            )
+        properties_raw, tags_value = _encode_message_properties(keys, tags, properties)
+        topic_raw = topic.encode("ascii")
+        now = int(time.time() * 1000)
+        raw = encode_raw(
+            topic_raw=topic_raw,
+            queue_id=queue_id,
+            body=body,
+            properties_raw=properties_raw,
+            born_timestamp=now,
+            born_host=self._store_host,
+            store_host=self._store_host,
+            magic=MAGIC_V2 if len(topic_raw) > 127 else MAGIC_V1,
+        )
+        return _Prepared(topic, queue_id, raw, tag_hash(tags_value), POS_BORN_HOST + self._born_host_raw_len)
+
+    def _put(self, batch: list[_Prepared]) -> list[PutResult]:
+        if self.read_only:
+            raise ValidationError(f"{self.root} is open read-only; puts are refused")
+        if self._closed:
+            raise ValidationError("the hot store is closed")
+        sizes = [len(p.raw) for p in batch]
+        results: list[PutResult] = []
+        log_ = self._commit_log
+        with self._put_lock:
+            self._check_disk(sum(sizes) + UNIT_SIZE * len(batch))
+            plan = log_.plan(sizes)
+            log_.prepare(plan)
+            per_queue: dict[tuple[str, int], int] = {}
+            for item in batch:
+                key = (item.topic, item.queue_id)
+                per_queue[key] = per_queue.get(key, 0) + 1
+            for (topic, queue_id), count in per_queue.items():
+                self._queue(topic, queue_id).prepare(count)
+            for blank_offset, blank_size in plan.blanks:
+                log_.write_blank(blank_offset, blank_size)
+            now = max(int(time.time() * 1000), self._last_store_timestamp)
+            self._last_store_timestamp = now
+            units: list[tuple[ConsumeQueue, int, ConsumeQueueUnit]] = []
+            next_offsets: dict[tuple[str, int], int] = {}
+            for item, offset, size in zip(batch, plan.positions, sizes, strict=True):
+                queue = self._queues[(item.topic, item.queue_id)]
+                queue_offset = next_offsets.get((item.topic, item.queue_id), queue.max_offset)
+                next_offsets[(item.topic, item.queue_id)] = queue_offset + 1
+                file = log_.write(offset, item.raw)
+                local = offset - file.start_offset
+                buffer = file.buffer
+                _OFFSET.pack_into(buffer, local + POS_QUEUE_OFFSET, queue_offset)
+                _OFFSET.pack_into(buffer, local + POS_PHYSICAL_OFFSET, offset)
+                _OFFSET.pack_into(buffer, local + item.store_timestamp_position, now)
+                units.append((queue, queue_offset, ConsumeQueueUnit(offset, size, item.tag_hash)))
+                results.append(PutResult(item.topic, item.queue_id, queue_offset, offset, size, now))
+            # Publish the records before the units that point at them: a reader holding a unit can read it.
+            log_.write_offset = plan.end_offset
+            for queue, queue_offset, unit in units:
+                queue.append(unit, queue_offset)
+            self._dispatched_offset = plan.end_offset
+            self._unit_count += len(batch)
+        if self.config.flush_mode == "sync" and self._flusher is not None:
+            self._flusher.wait_durable(plan.end_offset)
+        return results
+
+    def _check_disk(self, incoming: int) -> None:
+        cap = self.config.hot_disk_max_bytes
+        if cap is not None:
+            held = self._commit_log.write_offset - self._commit_log.min_offset + self._unit_count * UNIT_SIZE
+            if held + incoming > cap:
+                raise StoreFullError(
+                    f"the hot store holds {held} bytes and this put adds {incoming}; hot_disk_max_bytes is {cap}"
+                )
+        now = time.monotonic()
+        if now - self._disk_checked_at > 0.2 or self._disk_full_reason is not None:
+            usage = shutil.disk_usage(self.root)
+            used = (usage.total - usage.free) / usage.total if usage.total else 1.0
+            watermark = self.config.hot_disk_high_watermark
+            self._disk_full_reason = (
+                f"the disk of {self.root} is {used:.1%} full; hot_disk_high_watermark is {watermark:.1%}"
+                if used >= watermark
+                else None
+            )
+            self._disk_checked_at = now
+        if self._disk_full_reason is not None:
+            raise StoreFullError(self._disk_full_reason)
+
+    # ----------------------------------------------------------------- reads
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) that holds or held messages, sorted."""
+        return sorted(key for key, q in list(self._queues.items()) if q.max_offset > 0)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset still in the hot store (0 for a queue never written)."""
+        queue = self._existing_queue(topic, queue_id)
+        return queue.min_offset if queue else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The offset the next message of this queue will get (0 for a queue never written)."""
+        queue = self._existing_queue(topic, queue_id)
+        return queue.max_offset if queue else 0
+
+    @property
+    def commitlog_min_offset(self) -> int:
+        return self._commit_log.min_offset
+
+    @property
+    def commitlog_max_offset(self) -> int:
+        """End of the valid commit-log data: the offset the next record is written at (or its file's start)."""
+        return self._commit_log.write_offset
+
+    @property
+    def commitlog_flushed_offset(self) -> int:
+        return self._commit_log.flushed_offset
+
+    def _existing_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        validate_topic(topic)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+            raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
+        return self._queues.get((topic, queue_id))
+
+    def _require_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            raise NotFoundError(f"queue {topic}/{queue_id} holds no messages in the hot store")
+        return queue
+
+    def cq_unit(self, topic: str, queue_id: int, queue_offset: int) -> ConsumeQueueUnit:
+        """The consume-queue unit at ``queue_offset``; NotFoundError outside [min_offset, max_offset)."""
+        return self._require_queue(topic, queue_id).unit_at(queue_offset)
+
+    def read_record(self, unit: ConsumeQueueUnit) -> bytes:
+        """The record bytes a unit points at, checked to be a whole record of the unit's size."""
+        raw = self._commit_log.read(unit.commitlog_offset, unit.size)
+        size, magic = _HEAD.unpack_from(raw)
+        if size != unit.size or magic not in (MAGIC_V1, MAGIC_V2):
+            raise CorruptRecordError(
+                f"consume-queue unit says {unit.size} bytes but the record header says {size} (magic 0x{magic:08x})",
+                location="commitlog",
+                offset=unit.commitlog_offset,
+            )
+        return raw
+
+    def read_messages(
+        self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
+    ) -> list[StoredMessage]:
+        """Consecutive messages from ``queue_offset``: at most ``max_count``, and stopping before ``max_bytes``
+        except that the first message is always returned, however large.
+
+        An offset at or past max_offset gives an empty list; one below min_offset is a NotFoundError.
+        """
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            return []
+        if queue_offset < queue.min_offset:
+            raise NotFoundError(
+                f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset {queue.min_offset}"
+            )
+        messages: list[StoredMessage] = []
+        total = 0
+        for offset, unit in queue.units(queue_offset, max_count):
+            if messages and total + unit.size > max_bytes:
+                break
+            messages.append(StoredMessage(offset, self.read_record(unit), unit))
+            total += unit.size
+        return messages
+
+    def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
+        """The decoded message at ``queue_offset`` (body CRC checked)."""
+        unit = self.cq_unit(topic, queue_id, queue_offset)
+        return decode(self.read_record(unit), location=f"commitlog@{unit.commitlog_offset}")
+
+    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        return self._store_timestamp_of(self.cq_unit(topic, queue_id, queue_offset))
+
+    def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
+        head = self._commit_log.read(unit.commitlog_offset, min(unit.size, _TIMESTAMP_PREFIX))
+        return store_timestamp_of(head)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int, boundary: Boundary = "lower") -> int:
+        """``lower``: the first offset stored at or after ``timestamp`` (max_offset if none);
+        ``upper``: the last offset stored at or before it (min_offset if none). Store timestamps never decrease.
+        """
+        if boundary not in ("lower", "upper"):
+            raise ValidationError(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            return 0
+        low, high = queue.min_offset, queue.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            stamp = self._store_timestamp_of(queue.unit_at(middle))
+            if stamp < timestamp or (boundary == "upper" and stamp == timestamp):
+                low = middle + 1
+            else:
+                high = middle
+        if boundary == "lower":
+            return low
+        return max(queue.min_offset, low - 1)
+
+    def offset_msg_id(self, commitlog_offset: int) -> str:
+        """RocketMQ's offset message id of a record this store wrote."""
+        return (self._store_host.encode() + _OFFSET.pack(commitlog_offset)).hex().upper()
+
+    # ----------------------------------------------------------------- retention
+
+    def delete_expired(
+        self, archived_offset: Callable[[str, int], int], *, now_ms: int | None = None
+    ) -> RetentionReport:
+        """Delete whole commit-log files older than ``hot_retention_hours`` whose every message is archived.
+
+        ``archived_offset(topic, queue_id)`` is the first queue offset not yet archived. A file's age is
+        that of the first record after it, so it counts from when the file stopped receiving data.
+        Consume-queue files whose units all point at deleted commit-log files go too; min offsets move up.
+        """
+        if self.read_only:
+            raise ValidationError(f"{self.root} is open read-only; nothing is deleted")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        horizon = now - int(self.config.hot_retention_hours * 3_600_000)
+        log_ = self._commit_log
+        removed: list[str] = []
+        while len(log_.files) > 1:
+            file, successor = log_.files[0], log_.files[1]
+            if successor.start_offset >= self._dispatched_offset:
+                break
+            head = successor.read(0, _TIMESTAMP_PREFIX)
+            if _HEAD.unpack_from(head)[1] not in (MAGIC_V1, MAGIC_V2) or store_timestamp_of(head) > horizon:
+                break
+            if not self._fully_archived(file.end_offset, archived_offset):
+                break
+            with self._put_lock:
+                log_.delete_first_file()
+            removed.append(file.path.name)
+        queue_files = 0
+        with self._put_lock:
+            for queue in self._queues.values():
+                queue_files += queue.delete_files_below(log_.min_offset)
+            self._unit_count = sum(q.max_offset - q.min_offset for q in self._queues.values())
+        if removed:
+            log.info("hot files deleted", commit_log_files=removed, consume_queue_files=queue_files)
+        return RetentionReport(removed, queue_files, log_.min_offset)
+
+    def _fully_archived(self, file_end: int, archived_offset: Callable[[str, int], int]) -> bool:
+        for (topic, queue_id), queue in list(self._queues.items()):
+            first_after = queue.lower_bound(file_end)
+            if queue.min_offset < first_after and archived_offset(topic, queue_id) < first_after:
+                return False
+        return True
+
+
+def _encode_message_properties(
+    keys: Sequence[str], tags: str | None, properties: Mapping[str, str] | None
+) -> tuple[bytes, str | None]:
+    """The PROPERTIES bytes of a put and its TAGS value; every rule broken is an InvalidPropertyError."""
+    if not keys and tags is None and not properties:
+        return b"", None
+    merged: dict[str, str] = {}
+    for name, value in (properties or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidPropertyError(f"property names and values must be strings, not {name!r}: {value!r}")
+        if not name:
+            raise InvalidPropertyError("a property name must not be empty")
+        merged[name] = value
+    if isinstance(keys, str):
+        keys = [keys]
+    if keys:
+        if PROPERTY_KEYS in merged:
+            raise InvalidPropertyError("message keys were given both as keys= and as property KEYS")
+        for key in keys:
+            if not isinstance(key, str) or not key or " " in key:
+                raise InvalidPropertyError(
+                    f"message key {key!r} must be a non-empty string without spaces (KEYS is space separated)"
+                )
+            if NAME_VALUE_SEPARATOR in key or PROPERTY_SEPARATOR in key:
+                raise InvalidPropertyError(f"message key {key!r} contains a separator byte (0x01 or 0x02)")
+        merged[PROPERTY_KEYS] = " ".join(keys)
+    if tags is not None:
+        if PROPERTY_TAGS in merged:
+            raise InvalidPropertyError("tags were given both as tags= and as property TAGS")
+        if not isinstance(tags, str) or not tags:
+            raise InvalidPropertyError(f"tags must be a non-empty string, not {tags!r}")
+        merged[PROPERTY_TAGS] = tags
+    return encode_properties(merged), merged.get(PROPERTY_TAGS)
