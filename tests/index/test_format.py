@@ -123,7 +123,7 @@ def _lookup(data: bytes | bytearray, header: CompactedHeader, hash_value: int) -
     slot_range = decode_compacted_slot(data[pos : pos + 8], header)
     start = compacted_item_position(header.slot_count, slot_range.position)
     raw = data[start : start + slot_range.length * COMPACTED_ITEM_SIZE]
-    items = decode_compacted_items(raw, slot_range, slot, header.slot_count, header.base_timestamp)
+    items = decode_compacted_items(raw, slot_range, slot, header.slot_count, header.begin_timestamp)
     return [item for item in items if item.key_hash == hash_value]
 
 
@@ -163,7 +163,7 @@ def test_compacted_slot_items_are_contiguous_newest_first() -> None:
     data, header = _compact(items, slot_count=1)
     slot_range = decode_compacted_slot(data[HEADER_SIZE : HEADER_SIZE + 8], header)
     assert slot_range == SlotRange(0, 9)
-    all_items = decode_compacted_items(data[compacted_item_position(1, 0) :], slot_range, 0, 1, header.base_timestamp)
+    all_items = decode_compacted_items(data[compacted_item_position(1, 0) :], slot_range, 0, 1, header.begin_timestamp)
     assert [item.queue_offset for item in all_items] == list(range(8, -1, -1))
 
 

@@ -378,7 +378,7 @@ class CompactedIndexFile:
         start = compacted_item_position(header.slot_count, slot_range.position)
         raw = self._map[start : start + slot_range.length * COMPACTED_ITEM_SIZE]
         items = decode_compacted_items(
-            raw, slot_range, slot, header.slot_count, header.base_timestamp, location=str(self.path)
+            raw, slot_range, slot, header.slot_count, header.begin_timestamp, location=str(self.path)
         )
         return [item for item in items if item.key_hash == hash_value]
 
@@ -410,6 +410,6 @@ async def lookup_segment(segment: FileSegment, header: CompactedHeader, hash_val
         compacted_item_position(header.slot_count, slot_range.position), slot_range.length * COMPACTED_ITEM_SIZE
     )
     items = decode_compacted_items(
-        raw_items, slot_range, slot, header.slot_count, header.base_timestamp, location=location
+        raw_items, slot_range, slot, header.slot_count, header.begin_timestamp, location=location
     )
     return [item for item in items if item.key_hash == hash_value]

@@ -12,12 +12,15 @@ Every integer is big-endian. Item numbers start at 1; 0 means "none" (an empty s
 
 **Compacted** (what is uploaded; every slot's items are contiguous, newest first)::
 
-    header (64)   magic, version, flags, file_id, base_timestamp, begin_timestamp, end_timestamp,
-                  slot_count, item_count, crc32 of the 48 bytes before it, 12 zero bytes
+    header (64)   magic, version, flags, file_id, begin_timestamp, end_timestamp, slot_count,
+                  item_count, crc32 of the 40 bytes before it, 20 zero bytes
     slots         slot_count x (first item index u32, item count u32)
-    items         item_count x 32: topic_id, queue_id, queue_offset, size, key_hash, time_diff, crc32
+    items         item_count x 32: topic_id, queue_id, queue_offset, size, key_hash,
+                  time_diff u32 (ms since begin_timestamp), crc32
 
-so a lookup is two ranged reads: the slot's 8 bytes, then its items.
+so a lookup is two ranged reads: the slot's 8 bytes, then its items. Everything a reader needs to
+place them (slot count, item count, begin timestamp) follows from what a catalogue records anyway
+(file size, item count, time interval), so the header itself never has to be fetched.
 
 **RocketMQ IndexFile** (read only): a 40-byte header (begin/end timestamp, begin/end physical offset,
 used hash-slot count, index count), slots x i32, items x 20 (key hash, physical offset, time diff in
@@ -41,11 +44,11 @@ FLAG_SEALED = 0x1
 
 HEADER_SIZE = 64
 _UNSEALED_HEADER = struct.Struct(">IHHQqqqqIII")
-_COMPACTED_HEADER = struct.Struct(">IHHQqqqII")
+_COMPACTED_HEADER = struct.Struct(">IHHQqqII")
 _CRC = struct.Struct(">I")
 _SLOT = struct.Struct(">I")
 _UNSEALED_ITEM = struct.Struct(">iiqiiiI")
-_COMPACTED_ITEM = struct.Struct(">iiqiii")
+_COMPACTED_ITEM = struct.Struct(">iiqiiI")
 _COMPACTED_SLOT = struct.Struct(">II")
 
 UNSEALED_SLOT_SIZE = _SLOT.size
@@ -250,10 +253,9 @@ def walk_unsealed_chain(
 
 @dataclass(frozen=True, slots=True)
 class CompactedHeader:
-    """The header of a compacted index file; the catalogue keeps a copy so lookups need not read it."""
+    """The header of a compacted index file; ``from_catalogue`` rebuilds it without reading the file."""
 
     file_id: int
-    base_timestamp: int
     begin_timestamp: int
     end_timestamp: int
     slot_count: int
@@ -263,13 +265,22 @@ class CompactedHeader:
     def file_size(self) -> int:
         return compacted_file_size(self.slot_count, self.item_count)
 
+    @classmethod
+    def from_catalogue(
+        cls, file_id: int, *, begin_timestamp: int, end_timestamp: int, item_count: int, size: int
+    ) -> CompactedHeader:
+        """The header implied by a catalogued file's size, item count and time interval."""
+        slots_bytes = size - HEADER_SIZE - item_count * COMPACTED_ITEM_SIZE
+        if slots_bytes < COMPACTED_SLOT_SIZE or slots_bytes % COMPACTED_SLOT_SIZE:
+            raise IntegrityError(f"index file {file_id}: size {size} with {item_count} items is not a compacted layout")
+        return cls(file_id, begin_timestamp, end_timestamp, slots_bytes // COMPACTED_SLOT_SIZE, item_count)
+
     def encode(self) -> bytes:
         body = _COMPACTED_HEADER.pack(
             COMPACTED_MAGIC,
             FORMAT_VERSION,
             FLAG_SEALED,
             self.file_id,
-            self.base_timestamp,
             self.begin_timestamp,
             self.end_timestamp,
             self.slot_count,
@@ -292,7 +303,7 @@ class CompactedHeader:
             raise CorruptRecordError("index header CRC mismatch", location=location, offset=0)
         if fields[1] != FORMAT_VERSION:
             raise IntegrityError(f"index file version {fields[1]} is not supported (this build knows {FORMAT_VERSION})")
-        return cls(*fields[3:9])
+        return cls(*fields[3:8])
 
 
 def compacted_file_size(slot_count: int, item_count: int) -> int:
@@ -335,10 +346,11 @@ def decode_compacted_slot(
     return SlotRange(position, length)
 
 
-def encode_compacted_item(item: IndexItem, base_timestamp: int) -> bytes:
-    body = _COMPACTED_ITEM.pack(
-        item.topic_id, item.queue_id, item.queue_offset, item.size, item.key_hash, item.timestamp - base_timestamp
-    )
+def encode_compacted_item(item: IndexItem, begin_timestamp: int) -> bytes:
+    time_diff = item.timestamp - begin_timestamp
+    if not 0 <= time_diff <= UINT32_MAX:
+        raise ValidationError(f"timestamp {item.timestamp} is outside the file's interval from {begin_timestamp}")
+    body = _COMPACTED_ITEM.pack(item.topic_id, item.queue_id, item.queue_offset, item.size, item.key_hash, time_diff)
     return body + _CRC.pack(_crc(body))
 
 
@@ -347,7 +359,7 @@ def decode_compacted_items(
     slot_range: SlotRange,
     slot: int,
     slot_count: int,
-    base_timestamp: int,
+    begin_timestamp: int,
     *,
     location: str | None = None,
 ) -> list[IndexItem]:
@@ -367,7 +379,7 @@ def decode_compacted_items(
         topic_id, queue_id, queue_offset, size, hash_value, time_diff = _COMPACTED_ITEM.unpack_from(view, pos)
         if hash_value < 0 or slot_of(hash_value, slot_count) != slot:
             raise CorruptRecordError(f"index item does not belong to slot {slot}", location=location, offset=where)
-        items.append(IndexItem(topic_id, queue_id, queue_offset, size, hash_value, base_timestamp + time_diff))
+        items.append(IndexItem(topic_id, queue_id, queue_offset, size, hash_value, begin_timestamp + time_diff))
     return items
 
 
@@ -402,11 +414,10 @@ def compact_into(
         item, _ = decode_unsealed_item(source, items_start + (number - 1) * UNSEALED_ITEM_SIZE, header.base_timestamp)
         slot = slot_of(item.key_hash, slot_count)
         pos = compacted_item_position(slot_count, cursor[slot])
-        out[pos : pos + COMPACTED_ITEM_SIZE] = encode_compacted_item(item, header.base_timestamp)
+        out[pos : pos + COMPACTED_ITEM_SIZE] = encode_compacted_item(item, header.begin_timestamp)
         cursor[slot] += 1
     compacted = CompactedHeader(
         file_id=header.file_id,
-        base_timestamp=header.base_timestamp,
         begin_timestamp=header.begin_timestamp,
         end_timestamp=header.end_timestamp,
         slot_count=slot_count,
