@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.index.helpers import CountingProvider
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
@@ -194,3 +197,29 @@ async def test_segment_shorter_than_catalogued_is_an_integrity_error(tmp_path: P
     await segment.commit()
     with pytest.raises(IntegrityError):
         await lookup_segment(segment, header, key_hash("T", "k"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    keyed=st.lists(
+        st.tuples(st.sampled_from(["Aa", "BB", "AaAa", "BBBB", "AaBB", "x", "y", "order-1"]), st.integers(0, 10_000)),
+        max_size=80,
+    ),
+    slot_count=st.integers(1, 9),
+)
+def test_every_stage_finds_exactly_the_items_of_each_key(keyed: list[tuple[str, int]], slot_count: int) -> None:
+    """Unsealed, reopened, and compacted: a lookup by hash returns exactly that hash's items, newest first."""
+    items = [_item(key, offset, ts=BASE + ts) for offset, (key, ts) in enumerate(keyed)]
+    hashes = {item.key_hash for item in items} | {key_hash("T", "absent")}
+    with tempfile.TemporaryDirectory() as directory:
+        sealed_path, compacted_path = Path(directory) / "a.index", Path(directory) / "a.compacted"
+        with _new(sealed_path, slot_count=slot_count, max_items=max(1, len(items))) as index_file:
+            for item in items:
+                assert index_file.put(item)
+            index_file.seal()
+        compact_file(sealed_path, compacted_path)
+        with UnsealedIndexFile.open(sealed_path) as sealed, CompactedIndexFile(compacted_path) as compacted:
+            for hash_value in hashes:
+                expected = [item for item in reversed(items) if item.key_hash == hash_value]
+                assert sealed.lookup(hash_value) == expected
+                assert compacted.lookup(hash_value) == expected
