@@ -1,0 +1,1 @@
+"""Tests of the pure byte formats against real RocketMQ fixtures."""

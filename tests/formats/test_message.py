@@ -1,0 +1,222 @@
+"""The message record codec against real RocketMQ commit logs, and hypothesis round trips."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tieredstore.errors import CorruptRecordError, InvalidPropertyError
+from tieredstore.formats.message import (
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    HostAddress,
+    MessageRecord,
+    blank_record,
+    body_crc,
+    decode,
+    iter_records,
+    java_string_hash,
+    record_size_at,
+    rewrite_physical_offset,
+    store_timestamp_of,
+    tag_hash,
+)
+
+FIXTURES = Path("/work/shared/fixtures/rocketmq")
+JAVA_COMMIT_LOG = FIXTURES / "java-4x-consumequeuetest" / "commitlog" / "00000000000000000000"
+RUST_COMMIT_LOG = FIXTURES / "rust-0.9.0-writer" / "commitlog" / "00000000000000000000"
+
+
+@pytest.fixture(scope="module")
+def java_log() -> bytes:
+    return JAVA_COMMIT_LOG.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def rust_log() -> bytes:
+    return RUST_COMMIT_LOG.read_bytes()
+
+
+def test_java_fixture_is_the_documented_file(java_log: bytes) -> None:
+    assert len(java_log) == 8192
+    assert hashlib.sha256(java_log).hexdigest().startswith("081d0913")
+
+
+def test_java_record_zero_decodes_to_every_documented_field(java_log: bytes) -> None:
+    record = decode(java_log, 0)
+    assert record.magic == MAGIC_V1
+    assert record.body_crc == 151131488 == body_crc(record.body)
+    assert record.sysflag == 0
+    assert record.born_timestamp == 1551613204833
+    assert record.born_host == HostAddress("127.0.0.1", 0)
+    assert record.store_timestamp == 1551613204834
+    assert record.store_host == HostAddress("10.1.30.38", 8123)
+    assert record.reconsume_times == 0
+    assert record.prepared_tx_offset == 0
+    assert record.body == b"Once, there was a chance for me!"
+    assert record.topic == "abc"
+    assert record.queue_id == 0
+    assert list(record.properties.items()) == [("0", "imagoodperson0"), ("KEYS", "1551613204833"), ("TAGS", "TAG1")]
+    assert record.keys == ["1551613204833"]
+    assert record.tags == "TAG1"
+    raw_properties = b"0\x01imagoodperson0\x02KEYS\x011551613204833\x02TAGS\x01TAG1\x02"
+    assert java_log[172 - len(raw_properties) : 172] == raw_properties
+    assert record.offset_msg_id == "0A011E2600001FBB0000000000000000"
+    assert store_timestamp_of(java_log, 0) == 1551613204834
+
+
+def test_java_fixture_has_47_records_then_the_blank(java_log: bytes) -> None:
+    records = list(iter_records(java_log))
+    assert len(records) == 47
+    for index, (position, record) in enumerate(records):
+        assert position == 172 * index
+        assert record_size_at(java_log, position) == (172, MAGIC_V1)
+        assert (record.queue_offset, record.physical_offset, record.queue_id, record.topic) == (
+            index,
+            172 * index,
+            0,
+            "abc",
+        )
+        assert record.encode() == java_log[position : position + 172]
+    assert java_log[8084:8092] == bytes.fromhex("0000006ccbd43194")
+    assert record_size_at(java_log, 8084) == (108, MAGIC_BLANK)
+    assert java_log[8092:] == bytes(100)
+    assert blank_record(108) == java_log[8084:]
+
+
+def test_tag_hash_of_the_fixture_tag_and_java_string_hashes() -> None:
+    assert tag_hash("TAG1") == 2567159
+    assert tag_hash(None) == 0
+    assert tag_hash("") == 0
+    assert java_string_hash("abc") == 96354
+    assert java_string_hash("order-123") == -392797389
+    assert java_string_hash("rocketmq") == -518197384
+    assert java_string_hash("polygenelubricants") == -2147483648
+    # A character outside the BMP counts as two UTF-16 code units, as in Java.
+    assert java_string_hash("\U0001f600") == 31 * 0xD83D + 0xDE00
+
+
+def test_body_crc_matches_rocketmq() -> None:
+    assert body_crc(b"hello!q!") == 0x3CD1C123
+
+
+def test_rust_fixture_records(rust_log: bytes) -> None:
+    records = list(iter_records(rust_log))
+    assert [position for position, _ in records] == [0, 141]
+    first = records[0][1]
+    assert len(first.encode()) == 141
+    assert first.body_crc == 0x666CBE46
+    assert (first.queue_id, first.queue_offset, first.physical_offset, first.born_timestamp) == (0, 0, 0, 0)
+    assert first.born_host == first.store_host == HostAddress("127.0.0.1", 10911)
+    assert first.store_timestamp == 1786727751703
+    assert first.body == b"v0.9.0-message-0"
+    assert first.topic == "V1UpgradeTopic"
+    assert first.properties == {"KEYS": "v1-upgrade-key"}
+    second = records[1][1]
+    assert (second.queue_offset, second.physical_offset, second.body) == (1, 141, b"v0.9.0-message-1")
+    assert rust_log[282:] == bytes(len(rust_log) - 282)
+
+
+def test_rewrite_physical_offset_changes_only_that_field(java_log: bytes) -> None:
+    raw = java_log[172:344]
+    moved = rewrite_physical_offset(raw, 1 << 40)
+    assert decode(moved).physical_offset == 1 << 40
+    assert moved[:28] == raw[:28] and moved[36:] == raw[36:]
+
+
+def test_a_flipped_body_byte_fails_the_crc(java_log: bytes) -> None:
+    raw = bytearray(java_log[:172])
+    raw[100] ^= 0x01  # inside the 32-byte body, which starts at 88
+    with pytest.raises(CorruptRecordError, match="CRC") as caught:
+        decode(bytes(raw), location="commitlog/00000000000000000000")
+    assert "at offset 0" in str(caught.value)
+    assert decode(bytes(raw), check_crc=False).body != b"Once, there was a chance for me!"
+
+
+def test_separator_in_a_property_is_a_typed_error() -> None:
+    record = MessageRecord(topic="t", queue_id=0, body=b"", properties={"a": "x\x02y"})
+    with pytest.raises(InvalidPropertyError, match="separator"):
+        record.encode()
+    with pytest.raises(InvalidPropertyError, match="UTF-8"):
+        MessageRecord(topic="t", queue_id=0, body=b"", properties={"a": "\ud800"}).encode()
+    with pytest.raises(InvalidPropertyError, match="32767"):
+        MessageRecord(topic="t", queue_id=0, body=b"", properties={"a": "x" * 40000}).encode()
+
+
+def test_long_topics_use_the_v2_layout() -> None:
+    topic = "t" * 200
+    raw = MessageRecord(topic=topic, queue_id=1, body=b"b").encode()
+    assert struct.unpack_from(">I", raw, 4)[0] == MAGIC_V2
+    assert decode(raw).topic == topic
+
+
+hosts = st.one_of(
+    st.builds(HostAddress, st.ip_addresses(v=4).map(str), st.integers(0, 65535)),
+    st.builds(HostAddress, st.ip_addresses(v=6).map(str), st.integers(0, 65535)),
+)
+texts = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20)
+records = st.builds(
+    MessageRecord,
+    topic=st.text("abcXYZ019_-%|", min_size=1, max_size=300),
+    queue_id=st.integers(0, 2**31 - 1),
+    body=st.binary(max_size=300),
+    properties=st.dictionaries(texts.filter(bool), texts, max_size=5),
+    queue_offset=st.integers(0, 2**63 - 1),
+    physical_offset=st.integers(0, 2**63 - 1),
+    flag=st.integers(-(2**31), 2**31 - 1),
+    sysflag=st.sampled_from([0, 1, 2, 4, 8, 0xC]),
+    born_timestamp=st.integers(0, 2**63 - 1),
+    born_host=hosts,
+    store_timestamp=st.integers(0, 2**63 - 1),
+    store_host=hosts,
+    reconsume_times=st.integers(0, 2**31 - 1),
+    prepared_tx_offset=st.integers(0, 2**63 - 1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records)
+def test_encode_then_decode_is_identity(record: MessageRecord) -> None:
+    raw = record.encode()
+    decoded = decode(raw)
+    assert decoded.encode() == raw
+    assert decoded.body == record.body
+    assert decoded.properties == record.properties
+    assert (decoded.topic, decoded.queue_id, decoded.queue_offset) == (
+        record.topic,
+        record.queue_id,
+        record.queue_offset,
+    )
+    assert (decoded.born_host, decoded.store_host) == (record.born_host, record.store_host)
+    assert bool(decoded.sysflag & SYSFLAG_BORNHOST_V6) == record.born_host.is_ipv6
+    assert bool(decoded.sysflag & SYSFLAG_STOREHOST_V6) == record.store_host.is_ipv6
+    assert decoded.magic == (MAGIC_V2 if len(record.topic) > 127 else MAGIC_V1)
+    assert store_timestamp_of(raw) == record.store_timestamp
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.data())
+def test_truncated_or_garbled_records_raise_only_corrupt_record_error(
+    record: MessageRecord, data: st.DataObject
+) -> None:
+    raw = record.encode()
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(CorruptRecordError):
+        decode(raw[:cut])
+    position = data.draw(st.integers(0, len(raw) - 1))
+    garbled = bytearray(raw)
+    garbled[position] ^= data.draw(st.integers(1, 255))
+    try:
+        decoded = decode(bytes(garbled))
+    except CorruptRecordError:
+        return
+    # Header and property bytes are outside the CRC, but a body that fails its CRC is never returned.
+    assert body_crc(decoded.body) == decoded.body_crc
