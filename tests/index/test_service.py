@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.backends import ProviderBackend
 from tests.index.helpers import CountingProvider
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
 from tieredstore.formats.message import java_string_hash
-from tieredstore.index import service as service_module
+from tieredstore.index.file import compact_file
 from tieredstore.index.format import key_hash
 from tieredstore.index.service import (
     IndexCatalogue,
@@ -23,6 +24,7 @@ from tieredstore.index.service import (
     JsonIndexCatalogue,
     MemoryIndexCatalogue,
 )
+from tieredstore.providers.base import FileSegment
 
 T0 = 1_786_000_000_000
 TOPIC, TOPIC_ID = "Orders", 7
@@ -198,20 +200,19 @@ async def test_an_uploaded_file_costs_two_reads_per_lookup(tmp_path: Path) -> No
 async def test_restart_mid_compaction_finishes_the_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     messages, provider = Messages(), CountingProvider()
     catalogue_path = tmp_path / "index" / "catalogue.json"
-    real_compact = service_module.compact_file
 
     def crash_half_way(sealed_path: Path, compacted_path: Path) -> None:
         compacted_path.with_name(compacted_path.name + ".tmp").write_bytes(b"\x00" * 37)
         raise OSError("killed during compaction")
 
-    monkeypatch.setattr(service_module, "compact_file", crash_half_way)
+    monkeypatch.setattr("tieredstore.index.service.compact_file", crash_half_way)
     service = await _service(tmp_path, provider)
     await service.put([messages.entry(n, T0 + n, "k", f"u{n}") for n in range(7)])
     with pytest.raises(OSError, match="killed"):
         await service.maintain()
     assert JsonIndexCatalogue(catalogue_path).list_files()[0].status is IndexFileStatus.SEALED
     # the process dies here: no close(), a half-written .tmp beside the sealed file
-    monkeypatch.setattr(service_module, "compact_file", real_compact)
+    monkeypatch.setattr("tieredstore.index.service.compact_file", compact_file)
     restarted = await _service(tmp_path, provider)
     assert not list((tmp_path / "index").glob("*.tmp"))
     assert await _query(restarted, messages, "k") == [6, 5, 4, 3, 2, 1, 0]
@@ -334,3 +335,35 @@ def test_corrupt_json_catalogue_is_an_integrity_error(tmp_path: Path) -> None:
     path.write_text('{"version": 1, "files": [{"file_id": 1}]}')
     with pytest.raises(IntegrityError, match="does not decode"):
         JsonIndexCatalogue(path)
+
+
+async def test_uploaded_index_answers_on_every_backend_after_a_restart(
+    tmp_path: Path, provider_factory: ProviderBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages = Messages()
+    service = IndexService(
+        tmp_path / "index", provider_factory(), cluster="c1", broker="b1", settings=_settings(max_items=4)
+    )
+    await service.start()
+    await service.put([messages.entry(n, T0 + n, "order-1", "Aa" if n % 2 else "BB") for n in range(9)])
+    assert len(await service.maintain()) == 4  # two keys a message, four items a file
+    await service.close()
+
+    reads: list[tuple[int, int]] = []
+    plain_read = FileSegment.read
+
+    async def counting_read(segment: FileSegment, position: int, length: int) -> bytes:
+        reads.append((segment.base_offset, position))
+        return await plain_read(segment, position, length)
+
+    monkeypatch.setattr(FileSegment, "read", counting_read)
+    restarted = IndexService(
+        tmp_path / "index", provider_factory(), cluster="c1", broker="b1", settings=_settings(max_items=4)
+    )
+    await restarted.start()
+    assert await _query(restarted, messages, "Aa") == [7, 5, 3, 1]
+    assert Counter(file_id for file_id, _ in reads) == Counter(
+        {record.file_id: 2 for record in restarted.files() if record.status is IndexFileStatus.UPLOAD}
+    )
+    assert await _query(restarted, messages, "order-1", max_count=3) == [8, 7, 6]
+    await restarted.close()
