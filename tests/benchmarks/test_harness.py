@@ -1,0 +1,227 @@
+"""The benchmark harness itself: alternation, pair-by-pair ratios, result documents, the report and the CLI.
+
+Figures are never asserted: the sides here return made-up measurements so that what is checked is the
+harness's bookkeeping, and the quick smoke run checks only that every benchmark completes and writes a
+well-formed result.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import (
+    BenchmarkContext,
+    Contender,
+    Measurement,
+    Metric,
+    Target,
+    benchmark,
+    discover,
+    run_one,
+    unregister,
+)
+from benchmarks.report import begin_marker, end_marker, regenerate
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+QUICK_SUITE_BUDGET_S = 180
+
+
+@pytest.fixture
+def trivial() -> Iterator[list[str]]:
+    """A registered benchmark whose sides log their calls and return fixed measurements."""
+    calls: list[str] = []
+
+    def side(label: str, seconds: float) -> Contender:
+        def run(directory: Path) -> Measurement:
+            assert directory.is_dir()
+            assert not any(directory.iterdir()), "each round must start in an empty directory"
+            (directory / "scratch").write_bytes(b"x")
+            calls.append(label)
+            return Measurement(seconds=seconds, items=1000, bytes=1_000_000, extras={"requests": 7.0})
+
+        return Contender(label, run)
+
+    @benchmark("trivial_for_test", title="Trivial", issue=10, summary="A harness self-test.")
+    def run(ctx: BenchmarkContext) -> None:
+        ctx.parameter(items=1000)
+        ctx.compare(
+            "throughput pair",
+            baseline=side("baseline", 2.0),
+            ours=side("ours", 1.0),
+            unit="msg",
+            target=Target.at_least(0.5, ">= 0.5 of raw"),
+        )
+        ctx.compare(
+            "time pair",
+            baseline=side("baseline", 1.0),
+            ours=side("ours", 4.0),
+            unit="queue",
+            metric=Metric.SECONDS,
+            target=Target.at_most(2.0, "<= 2x the plain SELECT"),
+        )
+        ctx.figure("peak RSS", [100.0, 120.0], "MiB")
+        ctx.curve(
+            "size",
+            title="Throughput by size",
+            x_label="message bytes",
+            y_label="msg/s",
+            x=[128, 1024],
+            lines={"ours": [10.0, 20.0], "raw": [30.0, 40.0]},
+            log_x=True,
+        )
+        ctx.note("scaled down for the test")
+
+    yield calls
+    unregister("trivial_for_test")
+
+
+def _trivial_benchmark() -> object:
+    registry, _ = discover()
+    return registry["trivial_for_test"]
+
+
+def test_rounds_alternate_and_ratios_are_taken_pair_by_pair(trivial: list[str], tmp_path: Path) -> None:
+    document = run_one(_trivial_benchmark(), quick=False, out_dir=tmp_path)  # type: ignore[arg-type]
+
+    assert document["status"] == "ok", document["error"]
+    assert trivial == ["baseline", "ours"] * 6, "3 rounds of each of the 2 comparisons, baseline first"
+    throughput, seconds = document["comparisons"]
+    assert throughput["baseline"]["values"] == [500.0] * 3
+    assert throughput["ours"]["values"] == [1000.0] * 3
+    assert throughput["ratio"]["values"] == [2.0] * 3
+    assert throughput["ours"]["mb_per_s"]["median"] == 1.0
+    assert throughput["ours"]["extras"]["requests"]["median"] == 7.0
+    assert throughput["met"] is True
+    assert seconds["ratio"]["median"] == 4.0
+    assert seconds["met"] is False, "4x slower misses an at-most-2x target"
+
+
+def test_result_document_is_saved_with_machine_facts_and_command(trivial: list[str], tmp_path: Path) -> None:
+    document = run_one(_trivial_benchmark(), quick=True, out_dir=tmp_path)  # type: ignore[arg-type]
+
+    saved = list(tmp_path.glob("trivial_for_test-quick-*.json"))
+    assert len(saved) == 1
+    loaded = json.loads(saved[0].read_text())
+    assert loaded["rounds"] == 1 and loaded["quick"] is True
+    assert trivial == ["baseline", "ours"] * 2
+    assert loaded["command"] == "python -m benchmarks run trivial_for_test --quick"
+    machine = loaded["machine"]
+    assert machine["logical_cores"] >= 1 and machine["memory_bytes"] > 0
+    assert machine["python"] == sys.version.split()[0]
+    assert machine["packages"]["sqlalchemy"]
+    assert "commit" in machine["git"]
+    assert loaded["parameters"] == {"items": 1000}
+    assert loaded["series"][0]["lines"]["raw"] == [30.0, 40.0]
+    assert document["path"] == str(saved[0])
+
+
+def test_a_failing_benchmark_is_recorded_not_raised(tmp_path: Path) -> None:
+    @benchmark("broken_for_test", title="Broken", issue=None, summary="Raises.")
+    def run(ctx: BenchmarkContext) -> None:
+        raise RuntimeError("the code under test is missing")
+
+    try:
+        registry, _ = discover()
+        document = run_one(registry["broken_for_test"], quick=True, out_dir=tmp_path)
+    finally:
+        unregister("broken_for_test")
+
+    assert document["status"] == "failed"
+    assert "the code under test is missing" in document["error"]
+    assert json.loads(Path(document["path"]).read_text())["status"] == "failed"
+
+
+def test_report_regenerates_its_block_and_keeps_hand_written_text(trivial: list[str], tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    run_one(_trivial_benchmark(), quick=False, out_dir=results)  # type: ignore[arg-type]
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nHand-written introduction.\n")
+    plots = tmp_path / "plots"
+
+    regenerate(results_dir=results, markdown_path=markdown, plots_dir=plots)
+    regenerate(results_dir=results, markdown_path=markdown, plots_dir=plots)
+
+    text = markdown.read_text()
+    assert "Hand-written introduction." in text
+    assert text.count(begin_marker("trivial_for_test")) == 1 and text.count(end_marker("trivial_for_test")) == 1
+    assert "`python -m benchmarks run trivial_for_test`" in text
+    row = next(line for line in text.splitlines() if line.startswith("| throughput pair"))
+    assert ">= 0.5 of raw" in row and "**met**" in row
+    time_row = next(line for line in text.splitlines() if line.startswith("| time pair"))
+    assert "**missed** (2x over 2)" in time_row
+    assert "scaled down for the test" in text
+    png = plots / "trivial_for_test-size.png"
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+    assert "](plots/trivial_for_test-size.png)" in text
+
+
+def test_report_prefers_a_full_run_over_a_newer_quick_one(trivial: list[str], tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    run_one(_trivial_benchmark(), quick=False, out_dir=results)  # type: ignore[arg-type]
+    run_one(_trivial_benchmark(), quick=True, out_dir=results)  # type: ignore[arg-type]
+    markdown = tmp_path / "BENCHMARKS.md"
+
+    regenerate(results_dir=results, markdown_path=markdown, plots_dir=tmp_path / "plots")
+
+    text = markdown.read_text()
+    assert "full run, 3 round(s)" in text and "quick smoke run" not in text
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_cli_lists_the_suite_and_refuses_an_unknown_name(tmp_path: Path) -> None:
+    listed = _cli("list")
+    assert listed.returncode == 0, listed.stderr
+    assert "hot_store_put" in listed.stdout
+
+    unknown = _cli("run", "no_such_benchmark", "--out", str(tmp_path))
+    assert unknown.returncode == 2
+    assert "unknown benchmark(s) no_such_benchmark" in unknown.stdout
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_quick_run_of_the_whole_suite_completes_in_budget(tmp_path: Path) -> None:
+    registry, failures = discover()
+    assert not failures, f"suite modules that cannot be imported: {failures}"
+    started = time.monotonic()
+
+    completed = _cli("run", "--quick", "--out", str(tmp_path / "results"), timeout=QUICK_SUITE_BUDGET_S + 30)
+
+    elapsed = time.monotonic() - started
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    assert elapsed < QUICK_SUITE_BUDGET_S, f"--quick took {elapsed:.0f} s; CI allows {QUICK_SUITE_BUDGET_S} s"
+    documents = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")]
+    by_name = {d["benchmark"]: d for d in documents if d["benchmark"] in registry}
+    assert set(by_name) == {name for name in registry if not name.endswith("_for_test")}
+    for name, document in by_name.items():
+        assert document["status"] == "ok", f"{name}: {document['error']}"
+        assert document["quick"] is True
+        assert document["comparisons"] or document["figures"], f"{name} recorded nothing"
+        for comparison in document["comparisons"]:
+            assert len(comparison["ratio"]["values"]) == comparison["rounds"] >= 1
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    report = _cli(
+        "report", "--results", str(tmp_path / "results"), "--markdown", str(markdown), "--plots", str(tmp_path / "p")
+    )
+    assert report.returncode == 0, report.stdout + report.stderr
+    for name in by_name:
+        assert begin_marker(name) in markdown.read_text()
