@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tieredstore.errors import SizeUnknownError, StorageError, ValidationError
+from tieredstore.errors import CommitConflictError, SizeUnknownError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType, segment_key
 
 GIB = 1 << 30
@@ -120,7 +120,13 @@ class FileSegment(abc.ABC):
 
     @abc.abstractmethod
     async def _commit(self, position: int, data: bytes) -> None:
-        """Make ``data`` durable at ``position`` (always the current end); raise a StorageError on failure."""
+        """Make ``data`` durable at ``position`` without ever overwriting committed bytes.
+
+        ``position`` is where the base class believes the end is. When storage already holds bytes
+        there (a lost reply, or another writer), they are compared with ``data``: a matching prefix
+        counts as committed and only the rest is written; different bytes raise CommitConflictError.
+        Any other failure raises a StorageError.
+        """
 
     @abc.abstractmethod
     async def _truncate(self, size: int) -> None:
@@ -172,11 +178,7 @@ class FileSegment(abc.ABC):
             return AppendResult.FILE_CLOSED
         if len(self._buffers) >= self.max_pending_buffers:
             return AppendResult.BUFFER_FULL
-        if (
-            self.max_size is not None
-            and self.append_position > 0
-            and self.append_position + len(data) > self.max_size
-        ):
+        if self.max_size is not None and self.append_position > 0 and self.append_position + len(data) > self.max_size:
             return AppendResult.FILE_FULL
         self._buffers.append(bytes(data))
         self._buffered_bytes += len(data)
@@ -190,46 +192,73 @@ class FileSegment(abc.ABC):
 
         On failure the commit position is corrected from the provider's real size (when it can be
         known) and the bytes that did not land stay buffered for the next call; the error is re-raised.
+        Bytes found at the commit position that are not ours raise CommitConflictError: this writer
+        has been fenced and its buffer is kept untouched.
         """
         async with self._commit_lock:
             if not self._buffers:
                 return
-            data = b"".join(self._buffers) if len(self._buffers) > 1 else self._buffers[0]
+            data = self._collapse_buffers()
             position = self._commit_position
             try:
                 await self._commit(position, data)
-            except Exception:
-                await self._correct_after_failure(position, data)
+            except CommitConflictError:
+                raise
+            except Exception as error:
+                await self._correct_after_failure(position, data, error)
                 raise
             self._mark_committed(len(data), data)
 
-    async def _correct_after_failure(self, position: int, data: bytes) -> None:
+    async def _correct_after_failure(self, position: int, data: bytes, error: Exception) -> None:
         try:
             real = await self._real_size()
+            landed = min(real - position, len(data))
+            stored = await self._read(position, landed) if landed > 0 else b""
         except StorageError:
-            return  # unknowable now: keep everything buffered, the next commit corrects again
-        landed = real - position
-        if 0 < landed <= len(data):
-            self._mark_committed(landed, data)
+            return  # unknowable now: keep everything buffered; the provider resolves the overlap later
+        if landed > 0:
+            self._accept_landed(position, data, stored, error)
+
+    def _accept_landed(self, position: int, data: bytes, stored: bytes, cause: Exception | None) -> None:
+        """Count ``stored`` (the bytes found at ``position``) as committed if they are the head of ``data``."""
+        if stored != data[: len(stored)]:
+            raise CommitConflictError(
+                f"{self.key}: {len(stored)} bytes at position {position} were written by another writer"
+            ) from cause
+        self._mark_committed(len(stored), data)
+
+    def _collapse_buffers(self) -> bytes:
+        """Join the pending buffers into one head buffer and return it; later appends queue behind it."""
+        data = b"".join(self._buffers) if len(self._buffers) > 1 else self._buffers[0]
+        self._buffers[:] = [data]
+        return data
 
     def _mark_committed(self, count: int, data: bytes) -> None:
+        """The first ``count`` bytes of the head buffer ``data`` are durable; keep the rest and any later appends."""
         self._commit_position += count
+        if not self._buffers or self._buffers[0] is not data:
+            return  # destroyed meanwhile: nothing buffered any more
         rest = data[count:]
-        self._buffers = [rest] if rest else []
-        self._buffered_bytes = len(rest)
+        if rest:
+            self._buffers[0] = rest
+        else:
+            del self._buffers[0]
+        self._buffered_bytes -= count
 
     async def correct_commit_position(self) -> int:
         """Set the commit position to the provider's real size (after a restart or a lost reply).
 
-        Buffered bytes that the provider already holds are dropped from the buffer; returns the
-        corrected position. Raises SizeUnknownError when storage cannot say.
+        Buffered bytes that the provider already holds are dropped from the buffer after checking
+        they are ours (CommitConflictError otherwise); returns the corrected position. Raises
+        SizeUnknownError when storage cannot say.
         """
         async with self._commit_lock:
             real = await self._real_size()
             if real > self._commit_position and self._buffers:
-                data = b"".join(self._buffers)
+                data = self._collapse_buffers()
                 landed = min(real - self._commit_position, len(data))
-                self._mark_committed(landed, data)
+                stored = await self._read(self._commit_position, landed)
+                self._accept_landed(self._commit_position, data, stored, None)
             self._commit_position = real
             return real
 
@@ -264,7 +293,10 @@ class FileSegment(abc.ABC):
         await self._destroy()
 
     async def truncate(self, size: int) -> None:
-        """Drop committed bytes at and after ``size`` (crash recovery of unreferenced bytes)."""
+        """Drop committed bytes at and after ``size`` (crash recovery of unreferenced bytes).
+
+        Buffered bytes are dropped too: after a truncation the caller re-appends what it still wants.
+        """
         async with self._commit_lock:
             if size < 0:
                 raise ValidationError(f"cannot truncate to negative size {size}")
@@ -274,10 +306,7 @@ class FileSegment(abc.ABC):
             self._buffered_bytes = 0
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self.key!r}, commit={self._commit_position}, "
-            f"append={self.append_position})"
-        )
+        return f"{type(self).__name__}({self.key!r}, commit={self._commit_position}, append={self.append_position})"
 
 
 class Provider(abc.ABC):
@@ -311,8 +340,11 @@ class Provider(abc.ABC):
     async def list_children(self, path: str) -> list[str]:
         """Names of the folders directly under ``path`` ('' is the root); for metadata-free discovery."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook; most providers hold no connections
         """Release connections; the default holds none."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
 
     async def __aenter__(self) -> Provider:
         return self

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from tieredstore.errors import CommitConflictError
 from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.paths import check_logical_path
 
 _VOLUMES: dict[str, dict[str, bytearray]] = {}
 
@@ -38,8 +40,14 @@ class MemorySegment(FileSegment):
 
     async def _commit(self, position: int, data: bytes) -> None:
         stored = self._volume.setdefault(self.key, bytearray())
-        del stored[position:]
-        stored.extend(data)
+        if len(stored) < position:
+            raise CommitConflictError(
+                f"{self.key}: holds {len(stored)} bytes, fewer than the commit position {position}"
+            )
+        overlap = bytes(stored[position : position + len(data)])
+        if overlap != data[: len(overlap)]:
+            raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
+        stored.extend(data[len(overlap) :])
 
     async def _truncate(self, size: int) -> None:
         stored = self._volume.get(self.key)
@@ -68,17 +76,19 @@ class MemoryProvider(Provider):
     ) -> MemorySegment:
         return MemorySegment(
             self.volume,
-            SegmentId(file_type, path, base_offset),
+            SegmentId(file_type, check_logical_path(path), base_offset),
             commit_position=commit_position,
             max_size=max_size,
         )
 
     async def list_segments(self, path: str, file_type: FileType) -> list[int]:
+        check_logical_path(path)
         prefix = f"{path}/{file_type.value}/"
         names = [key[len(prefix) :] for key in self.volume if key.startswith(prefix)]
         return sorted(parse_segment_name(n) for n in names if "/" not in n)
 
     async def list_children(self, path: str) -> list[str]:
+        check_logical_path(path, allow_root=True)
         prefix = f"{path}/" if path else ""
         children = {key[len(prefix) :].split("/", 1)[0] for key in self.volume if key.startswith(prefix)}
         return sorted(children)

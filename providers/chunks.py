@@ -1,0 +1,288 @@
+"""Segments as runs of immutable chunk objects: the scheme shared by the S3 and fsspec providers.
+
+Object stores have no append. A segment ``<key>`` is a folder of chunk objects
+``<key>/<%020d start>``, each written once by a conditional create, plus an empty marker
+``<key>/.created`` written by ``create``. The segment's size is the end of the contiguous run of
+chunks from position 0, learned from one listing. A commit that finds its chunk already there
+compares bytes: the same bytes (a retry whose first reply was lost) count as committed, a prefix of
+ours counts as committed and the rest goes into the next chunk, anything else is a
+CommitConflictError and nothing is overwritten.
+
+A provider supplies an ``ObjectStore`` (list, ranged get, put-if-absent, put, delete) that raises
+only the typed tree; ``ChunkedSegment`` and ``ChunkedProvider`` do the rest.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tieredstore.errors import (
+    CommitConflictError,
+    SegmentNotFoundError,
+    SizeUnknownError,
+    StorageUnavailableError,
+)
+from tieredstore.formats.naming import FileType, parse_segment_name
+from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.paths import check_logical_path
+
+CREATED_MARKER = ".created"
+_CHUNK_NAME = re.compile(r"^\d{20}$")
+
+
+def chunk_name(start: int) -> str:
+    """The object name of the chunk starting at byte ``start``: 20 zero-padded digits, so names sort."""
+    return f"{start:020d}"
+
+
+def parse_chunk_name(name: str) -> int | None:
+    """The start position in a chunk name, or None for any other object (the marker, foreign files)."""
+    return int(name) if _CHUNK_NAME.match(name) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object directly inside a folder: its last name component and its size in bytes."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """``size`` bytes of a segment stored as one object, starting at ``start``."""
+
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def name(self) -> str:
+        return chunk_name(self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSlice:
+    """The part of one chunk a read needs: ``length`` bytes from ``offset`` within the chunk."""
+
+    chunk: Chunk
+    offset: int
+    length: int
+
+
+def chunks_in(objects: Iterable[ObjectInfo]) -> list[Chunk]:
+    """Every chunk among ``objects``, ordered by start; other objects are ignored."""
+    chunks = []
+    for info in objects:
+        start = parse_chunk_name(info.name)
+        if start is not None:
+            chunks.append(Chunk(start, info.size))
+    return sorted(chunks, key=lambda chunk: chunk.start)
+
+
+def contiguous_run(chunks: Sequence[Chunk]) -> list[Chunk]:
+    """The chunks that follow each other without a gap from position 0 (``chunks`` sorted by start).
+
+    An empty chunk ends the run: it would make the next chunk's name ambiguous.
+    """
+    run: list[Chunk] = []
+    end = 0
+    for chunk in chunks:
+        if chunk.start != end or chunk.size == 0:
+            break
+        run.append(chunk)
+        end = chunk.end
+    return run
+
+
+def slices_for(run: Sequence[Chunk], position: int, length: int) -> list[ChunkSlice]:
+    """Which parts of which chunks hold ``[position, position + length)``; empty if the run does not cover it."""
+    end = position + length
+    if length <= 0 or not run or run[-1].end < end:
+        return []
+    slices = []
+    for chunk in run:
+        if chunk.end <= position or chunk.start >= end:
+            continue
+        start = max(position, chunk.start)
+        slices.append(ChunkSlice(chunk, start - chunk.start, min(end, chunk.end) - start))
+    return slices
+
+
+class ObjectStore(abc.ABC):
+    """The object operations a chunked segment needs. Keys are ``/``-separated and relative to the
+    store's root; every method raises only the tieredstore.errors tree."""
+
+    @abc.abstractmethod
+    async def list_files(self, folder: str) -> list[ObjectInfo]:
+        """Objects directly inside ``folder`` (not deeper); empty when the folder does not exist."""
+
+    @abc.abstractmethod
+    async def list_folders(self, folder: str) -> list[str]:
+        """Names of the folders directly inside ``folder`` ('' is the root)."""
+
+    @abc.abstractmethod
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``key`` from ``start`` (fewer at its end); SegmentNotFoundError if missing."""
+
+    @abc.abstractmethod
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` unless it exists: True if written, False if it was there."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes) -> None:
+        """Write ``key``, replacing what it held (used only to shorten a chunk during truncation)."""
+
+    @abc.abstractmethod
+    async def delete(self, keys: Sequence[str]) -> None:
+        """Remove ``keys`` one after another in the given order; missing keys are not an error."""
+
+    async def folder_exists(self, folder: str) -> bool:
+        return bool(await self.list_files(folder))
+
+    async def close(self) -> None:  # noqa: B027 - an optional hook; a local store holds no connections
+        """Release connections."""
+
+
+class ChunkedSegment(FileSegment):
+    """A segment held as a run of immutable chunk objects in an ObjectStore.
+
+    The chunks this handle has seen are remembered (they never change), so reads after the first
+    one cost no listing; a listing happens only to learn the size or after a restart.
+    """
+
+    def __init__(self, store: ObjectStore, segment_id: SegmentId, **kwargs: int | None) -> None:
+        super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
+        self._store = store
+        self._known_run: list[Chunk] | None = None
+
+    def _chunk_key(self, start: int) -> str:
+        return f"{self.key}/{chunk_name(start)}"
+
+    async def _list_chunks(self) -> list[Chunk]:
+        return chunks_in(await self._store.list_files(self.key))
+
+    async def _load_run(self) -> list[Chunk]:
+        run = contiguous_run(await self._list_chunks())
+        self._known_run = run
+        return run
+
+    async def _real_size(self) -> int:
+        try:
+            run = await self._load_run()
+        except StorageUnavailableError as error:
+            raise SizeUnknownError(f"{self.key}: size unknown while storage is unavailable") from error
+        return run[-1].end if run else 0
+
+    async def _exists(self) -> bool:
+        return await self._store.folder_exists(self.key)
+
+    async def _create(self) -> None:
+        await self._store.put_if_absent(f"{self.key}/{CREATED_MARKER}", b"")
+
+    async def _destroy(self) -> None:
+        self._known_run = None
+        objects = await self._store.list_files(self.key)
+        chunks = chunks_in(objects)
+        others = [info.name for info in objects if parse_chunk_name(info.name) is None]
+        # Last chunk first, the marker last: a destroy cut short still looks like a shorter segment.
+        ordered = [chunk.name for chunk in reversed(chunks)]
+        ordered += sorted(others, key=lambda name: name == CREATED_MARKER)
+        await self._store.delete([f"{self.key}/{name}" for name in ordered])
+
+    async def _read(self, position: int, length: int) -> bytes:
+        run = self._known_run
+        slices = slices_for(run, position, length) if run else []
+        if not slices:
+            slices = slices_for(await self._load_run(), position, length)
+        if not slices:
+            raise SegmentNotFoundError(f"{self.key}: storage no longer holds bytes {position}..{position + length}")
+        parts = await asyncio.gather(
+            *(self._store.get_range(self._chunk_key(s.chunk.start), s.offset, s.length) for s in slices)
+        )
+        return b"".join(parts)
+
+    def _remember(self, chunk: Chunk) -> None:
+        if chunk.start == 0:
+            self._known_run = [chunk]
+        elif self._known_run and self._known_run[-1].end == chunk.start:
+            self._known_run.append(chunk)
+
+    async def _commit(self, position: int, data: bytes) -> None:
+        while data:
+            key = self._chunk_key(position)
+            if await self._store.put_if_absent(key, data):
+                self._remember(Chunk(position, len(data)))
+                return
+            # One byte more than ours tells a longer chunk apart from an equal one.
+            existing = await self._store.get_range(key, 0, len(data) + 1)
+            if existing == data:
+                self._remember(Chunk(position, len(data)))
+                return
+            if not existing or len(existing) > len(data) or not data.startswith(existing):
+                raise CommitConflictError(
+                    f"{self.key}: chunk at position {position} already holds other bytes; nothing was overwritten"
+                )
+            self._remember(Chunk(position, len(existing)))
+            position += len(existing)
+            data = data[len(existing) :]
+
+    async def _truncate(self, size: int) -> None:
+        self._known_run = None
+        chunks = await self._list_chunks()
+        doomed = [chunk for chunk in reversed(chunks) if chunk.start >= size]
+        # Highest first, so a truncation cut short leaves a contiguous run, never a gap.
+        await self._store.delete([self._chunk_key(chunk.start) for chunk in doomed])
+        run = contiguous_run(chunks)
+        straddling = [chunk for chunk in run if chunk.start < size < chunk.end]
+        for chunk in straddling:
+            head = await self._store.get_range(self._chunk_key(chunk.start), 0, size - chunk.start)
+            await self._store.put(self._chunk_key(chunk.start), head)
+
+
+class ChunkedProvider(Provider):
+    """A provider whose segments are ChunkedSegments in one ObjectStore."""
+
+    @property
+    @abc.abstractmethod
+    def store(self) -> ObjectStore:
+        """The object store under this provider's root."""
+
+    def segment(
+        self,
+        file_type: FileType,
+        path: str,
+        base_offset: int,
+        *,
+        commit_position: int = 0,
+        max_size: int | None = None,
+    ) -> ChunkedSegment:
+        return ChunkedSegment(
+            self.store,
+            SegmentId(file_type, check_logical_path(path), base_offset),
+            commit_position=commit_position,
+            max_size=max_size,
+        )
+
+    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
+        check_logical_path(path)
+        offsets = []
+        for name in await self.store.list_folders(f"{path}/{file_type.value}"):
+            with contextlib.suppress(ValueError):
+                offsets.append(parse_segment_name(name))
+        return sorted(offsets)
+
+    async def list_children(self, path: str) -> list[str]:
+        check_logical_path(path, allow_root=True)
+        return sorted(await self.store.list_folders(path))
+
+    async def close(self) -> None:
+        await self.store.close()

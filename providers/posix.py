@@ -1,0 +1,290 @@
+"""The POSIX provider (``file://`` URL or a plain path): one file per segment under a root directory.
+
+Every logical path is confined under the root: paths with ``..``, empty segments, NUL or an
+absolute start are refused, and a symlink that would lead outside the root is refused when the
+file is touched (PathEscapeError). Commits write at the commit position with ``os.pwrite`` under an
+exclusive ``flock`` and are ``fsync``ed before they count; directories are ``fsync``ed after a file
+is created or removed in them. Bytes already at the commit position are compared, never
+overwritten, so a retried or a zombie write cannot change committed bytes. Blocking calls run in
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from typing import ClassVar, TypeVar
+from urllib.parse import unquote, urlsplit
+
+from tieredstore.errors import (
+    CommitConflictError,
+    ConfigError,
+    PathEscapeError,
+    SegmentNotFoundError,
+    StorageAccessError,
+    StorageError,
+    StorageUnavailableError,
+)
+from tieredstore.formats.naming import FileType, parse_segment_name
+from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.paths import check_logical_path
+
+T = TypeVar("T")
+
+_ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+@contextlib.contextmanager
+def _translate_os_errors(what: str) -> Iterator[None]:
+    """Turn an OSError from the file system into the typed tree, cause chained; ours pass through."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError as error:
+        raise SegmentNotFoundError(f"{what}: no such file") from error
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno is not None else str(error)
+        if error.errno in _ACCESS_ERRNOS:
+            raise StorageAccessError(f"{what}: {reason}") from error
+        # ENOSPC, EDQUOT, EIO and the rest may clear up; the caller keeps its buffer and retries.
+        raise StorageUnavailableError(f"{what}: {reason}") from error
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_directories(directory: str) -> None:
+    """``mkdir -p`` that fsyncs each parent in which it created an entry, so the path survives a crash."""
+    missing: list[str] = []
+    current = directory
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        _fsync_directory(os.path.dirname(path))
+
+
+def _pread_exactly(fd: int, length: int, position: int) -> bytes:
+    parts: list[bytes] = []
+    remaining = length
+    while remaining > 0:
+        chunk = os.pread(fd, remaining, position + length - remaining)
+        if not chunk:
+            break
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(parts)
+
+
+def _pwrite_all(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], position + written)
+
+
+class PosixSegment(FileSegment):
+    """A segment stored as one regular file ``<root>/<path>/<TYPE>/<name>``."""
+
+    def __init__(self, provider: PosixProvider, segment_id: SegmentId, **kwargs: int | None) -> None:
+        super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
+        self._provider = provider
+
+    async def _run(self, action: str, function: Callable[[str], T]) -> T:
+        def call() -> T:
+            with _translate_os_errors(f"{action} {self.key}"):
+                return function(self._provider.resolve(self.key))
+
+        return await asyncio.to_thread(call)
+
+    async def _real_size(self) -> int:
+        def size(file: str) -> int:
+            try:
+                return os.stat(file).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                return 0
+
+        return await self._run("size of", size)
+
+    async def _exists(self) -> bool:
+        return await self._run("exists", os.path.isfile)
+
+    async def _create(self) -> None:
+        def create(file: str) -> None:
+            if os.path.isfile(file):
+                return
+            _make_directories(os.path.dirname(file))
+            # O_EXCL makes creation atomic and never clobbers a file another writer made first;
+            # an empty file has no partial content a temp-and-rename would protect against.
+            try:
+                fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_directory(os.path.dirname(file))
+
+        await self._run("create", create)
+
+    async def _destroy(self) -> None:
+        def destroy(file: str) -> None:
+            try:
+                os.unlink(file)
+            except FileNotFoundError:
+                return
+            _fsync_directory(os.path.dirname(file))
+
+        await self._run("destroy", destroy)
+
+    async def _read(self, position: int, length: int) -> bytes:
+        def read(file: str) -> bytes:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                return _pread_exactly(fd, length, position)
+            finally:
+                os.close(fd)
+
+        return await self._run("read", read)
+
+    async def _commit(self, position: int, data: bytes) -> None:
+        def commit(file: str) -> None:
+            created = not os.path.exists(file)
+            if created:
+                _make_directories(os.path.dirname(file))
+            fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                # One writer at a time across processes, so compare-then-write is not racy.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size < position:
+                    raise CommitConflictError(
+                        f"{self.key}: holds {size} bytes, fewer than the commit position {position}"
+                    )
+                overlap = _pread_exactly(fd, min(len(data), size - position), position)
+                if overlap != data[: len(overlap)]:
+                    raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
+                if len(overlap) < len(data):
+                    _pwrite_all(fd, data[len(overlap) :], position + len(overlap))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                _fsync_directory(os.path.dirname(file))
+
+        await self._run("commit to", commit)
+
+    async def _truncate(self, size: int) -> None:
+        def truncate(file: str) -> None:
+            try:
+                current = os.stat(file).st_size
+            except FileNotFoundError:
+                return
+            if size >= current:
+                return
+            os.truncate(file, size)
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        await self._run("truncate", truncate)
+
+
+def root_from_url(url: str) -> str:
+    """The absolute root directory named by ``file:///dir``, ``file://localhost/dir`` or a plain path."""
+    if "://" not in url:
+        path = url
+    else:
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise ConfigError(f"the POSIX provider takes file:// URLs or plain paths, not {parts.scheme}://")
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"file:// URL names host {parts.netloc!r}; only local paths are supported")
+        if parts.query or parts.fragment:
+            raise ConfigError("file:// URLs take no query or fragment")
+        path = unquote(parts.path)
+    if not path or "\x00" in path:
+        raise ConfigError("the POSIX provider needs a root directory")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+class PosixProvider(Provider):
+    """All segments under one local root directory."""
+
+    scheme: ClassVar[str] = "file"
+
+    def __init__(self, url: str) -> None:
+        self.root = root_from_url(url)
+        super().__init__(f"file://{self.root}")
+
+    def resolve(self, key: str) -> str:
+        """The absolute file for a (checked) logical key; PathEscapeError if symlinks lead outside the root."""
+        check_logical_path(key)
+        candidate = os.path.join(self.root, *key.split("/"))
+        real_root = os.path.realpath(self.root)
+        real = os.path.realpath(candidate)
+        if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+            raise PathEscapeError(f"logical path {key!r} resolves outside the provider root")
+        return candidate
+
+    def segment(
+        self,
+        file_type: FileType,
+        path: str,
+        base_offset: int,
+        *,
+        commit_position: int = 0,
+        max_size: int | None = None,
+    ) -> PosixSegment:
+        return PosixSegment(
+            self,
+            SegmentId(file_type, check_logical_path(path), base_offset),
+            commit_position=commit_position,
+            max_size=max_size,
+        )
+
+    async def _scan(self, path: str, *, directories: bool) -> list[str]:
+        def scan() -> list[str]:
+            folder = self.resolve(path) if path else self.root
+            try:
+                with os.scandir(folder) as entries:
+                    return [entry.name for entry in entries if (entry.is_dir() if directories else entry.is_file())]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+        def guarded() -> list[str]:
+            with _translate_os_errors(f"list {path!r}"):
+                return scan()
+
+        return await asyncio.to_thread(guarded)
+
+    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
+        check_logical_path(path)
+        names = await self._scan(f"{path}/{file_type.value}", directories=False)
+        offsets = []
+        for name in names:
+            with contextlib.suppress(ValueError):
+                offsets.append(parse_segment_name(name))
+        return sorted(offsets)
+
+    async def list_children(self, path: str) -> list[str]:
+        check_logical_path(path, allow_root=True)
+        return sorted(await self._scan(path, directories=True))

@@ -1,0 +1,443 @@
+"""The S3 provider (``s3://bucket/prefix``): chunked segments on aiobotocore, one client per provider.
+
+Segments follow the chunk scheme of ``tieredstore.providers.chunks``: every commit is one PUT with
+``If-None-Match: *``; a 412 is resolved by comparing the chunk that is there with ours. Calls are
+retried with exponential backoff (tenacity) on 5xx, throttling and connection errors, at most
+``max_attempts`` times, then StorageUnavailableError; access errors (401/403, bad keys, missing
+bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
+place, ``translate_s3_errors``, with its cause chained.
+
+Credentials come from S3Options or, when absent, botocore's usual chain (environment, profile,
+instance role). They never appear in ``repr``, ``str``, log lines, error messages or ``url``.
+
+The aiobotocore client is created on first use and bound to the event loop that was running then;
+use one provider per event loop, and ``await provider.close()`` in that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar, cast
+from urllib.parse import parse_qsl, urlsplit
+
+import aiohttp
+import botocore.exceptions
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from tieredstore.errors import (
+    ConfigError,
+    SegmentNotFoundError,
+    StorageAccessError,
+    StorageError,
+    StorageUnavailableError,
+)
+from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
+from tieredstore.providers.paths import check_logical_path
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+AddressingStyle = Literal["auto", "path", "virtual"]
+ServerSideEncryption = Literal["AES256", "aws:kms"]
+
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccountProblem",
+        "AllAccessDisabled",
+        "AuthorizationHeaderMalformed",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "KMS.DisabledException",
+        "KMS.NotFoundException",
+        "NoSuchBucket",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+    }
+)
+_RETRYABLE_CODES = frozenset(
+    {
+        "ConditionalRequestConflict",  # two conditional writes raced; the retry sees a 412
+        "InternalError",
+        "OperationAborted",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
+_RANGE_CODES = frozenset({"InvalidRange", "416"})
+# Retrying these is safe: the request never reached S3 or its outcome is resolved by the 412 check.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ResponseStreamingError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+_OPTION_QUERY_KEYS = frozenset(
+    {
+        "endpoint_url",
+        "region",
+        "addressing_style",
+        "sse",
+        "sse_kms_key_id",
+        "max_attempts",
+        "connect_timeout",
+        "read_timeout",
+    }
+)
+_CREDENTIAL_QUERY_KEYS = frozenset(
+    {"access_key_id", "secret_access_key", "session_token", "aws_access_key_id", "aws_secret_access_key"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class S3Options:
+    """How to reach S3. Credentials are excluded from ``repr`` and equality output is never logged."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    addressing_style: AddressingStyle = "auto"
+    sse: ServerSideEncryption | None = None
+    sse_kms_key_id: str | None = None
+    max_attempts: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    retry_initial_delay: float = 0.1
+    retry_max_delay: float = 5.0
+    list_page_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError(f"addressing_style must be auto, path or virtual, not {self.addressing_style!r}")
+        if self.sse not in (None, "AES256", "aws:kms"):
+            raise ConfigError(f"sse must be AES256 or aws:kms, not {self.sse!r}")
+        if self.sse_kms_key_id is not None and self.sse != "aws:kms":
+            raise ConfigError("sse_kms_key_id needs sse='aws:kms'")
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ConfigError("give both access_key_id and secret_access_key, or neither")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise ConfigError("connect_timeout and read_timeout must be positive")
+        if not 1 <= self.list_page_size <= 1000:
+            raise ConfigError(f"list_page_size must be within 1..1000, not {self.list_page_size}")
+
+    @classmethod
+    def from_query(cls, query: str, **overrides: Any) -> S3Options:
+        """Options from a URL query (``?region=eu-west-1&sse=AES256``) then keyword overrides.
+
+        Credentials are refused in a URL: URLs end up in logs and metadata.
+        """
+        values: dict[str, Any] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name in _CREDENTIAL_QUERY_KEYS:
+                raise ConfigError(f"credentials must not be given in the URL (query parameter {name!r})")
+            if name not in _OPTION_QUERY_KEYS:
+                raise ConfigError(f"unknown S3 URL parameter {name!r}; known: {sorted(_OPTION_QUERY_KEYS)}")
+            values[name] = value
+        for name in ("max_attempts",):
+            if name in values:
+                values[name] = _parse_number(name, values[name], int)
+        for name in ("connect_timeout", "read_timeout"):
+            if name in values:
+                values[name] = _parse_number(name, values[name], float)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown S3 options {unknown}; known: {sorted(known)}")
+        values.update(overrides)
+        return cls(**values)
+
+    def encryption_arguments(self) -> dict[str, str]:
+        """The PutObject arguments that ask for server-side encryption."""
+        arguments: dict[str, str] = {}
+        if self.sse is not None:
+            arguments["ServerSideEncryption"] = self.sse
+        if self.sse_kms_key_id is not None:
+            arguments["SSEKMSKeyId"] = self.sse_kms_key_id
+        return arguments
+
+
+def _parse_number(name: str, text: str, kind: Callable[[str], T]) -> T:
+    try:
+        return kind(text)
+    except ValueError as error:
+        raise ConfigError(f"S3 URL parameter {name} must be a number, not {text!r}") from error
+
+
+def parse_s3_url(url: str) -> tuple[str, str, str]:
+    """``(bucket, prefix, query)`` of ``s3://bucket/prefix?query``; ConfigError for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3":
+        raise ConfigError(f"the S3 provider takes s3:// URLs, not {parts.scheme or 'plain'} ones")
+    if "@" in parts.netloc:
+        raise ConfigError("credentials must not be given in the URL; pass them as options")
+    bucket = parts.netloc
+    if not bucket:
+        raise ConfigError("an s3:// URL needs a bucket: s3://bucket/prefix")
+    prefix = parts.path.strip("/")
+    if prefix:
+        check_logical_path(prefix)
+    return bucket, prefix, parts.query
+
+
+class _PreconditionFailed(Exception):
+    """The conditional create found an object there; handled inside this module only."""
+
+
+def _error_code(error: botocore.exceptions.ClientError) -> tuple[str, int]:
+    response = cast(Mapping[str, Any], error.response)
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+@contextlib.contextmanager
+def translate_s3_errors(what: str) -> Iterator[None]:
+    """Map botocore/aiohttp failures to the tieredstore.errors tree, cause chained; ``what`` names the call."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except botocore.exceptions.ClientError as error:
+        code, status = _error_code(error)
+        detail = f"{what}: {code or 'error'} (HTTP {status})"
+        if code in _PRECONDITION_CODES or status == 412:
+            raise _PreconditionFailed(detail) from error
+        if code in _ACCESS_CODES or status in (401, 403):
+            raise StorageAccessError(detail) from error
+        if code in _NOT_FOUND_CODES or status == 404:
+            raise SegmentNotFoundError(detail) from error
+        if code in _RETRYABLE_CODES or status >= 500 or status == 429:
+            raise StorageUnavailableError(detail) from error
+        raise StorageError(detail) from error
+    except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as error:
+        raise StorageAccessError(f"{what}: no usable S3 credentials were found") from error
+    except _CONNECTION_ERRORS as error:
+        raise StorageUnavailableError(f"{what}: {type(error).__name__}") from error
+    except botocore.exceptions.BotoCoreError as error:
+        raise StorageError(f"{what}: {type(error).__name__}") from error
+
+
+class S3ObjectStore(ObjectStore):
+    """The chunk scheme's object operations on one bucket and prefix, with retries."""
+
+    def __init__(self, provider: S3Provider) -> None:
+        self._provider = provider
+        self._bucket = provider.bucket
+        self._prefix = provider.prefix
+        self._options = provider.options
+
+    def _key(self, key: str) -> str:
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def _folder(self, folder: str) -> str:
+        full = self._key(folder) if folder else self._prefix
+        return f"{full}/" if full else ""
+
+    async def _call(self, what: str, operation: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``operation(client)`` with translation and bounded retries on retryable failures."""
+        options = self._options
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(options.max_attempts),
+            wait=wait_exponential_jitter(
+                multiplier=options.retry_initial_delay,
+                max=options.retry_max_delay,
+                jitter=options.retry_initial_delay,
+            ),
+            retry=retry_if_exception_type(StorageUnavailableError),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                client = await self._provider.client()
+                with translate_s3_errors(what):
+                    return await operation(client)
+        raise AssertionError("tenacity ends with a result or an exception")  # pragma: no cover
+
+    async def _list(self, folder: str, *, max_keys: int | None = None) -> tuple[list[ObjectInfo], list[str]]:
+        prefix = self._folder(folder)
+        files: list[ObjectInfo] = []
+        folders: list[str] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {
+                "Bucket": self._bucket,
+                "Prefix": prefix,
+                "Delimiter": "/",
+                "MaxKeys": max_keys or self._options.list_page_size,
+            }
+            if token is not None:
+                arguments["ContinuationToken"] = token
+
+            async def list_page(client: Any, arguments: dict[str, Any] = arguments) -> dict[str, Any]:
+                return cast(dict[str, Any], await client.list_objects_v2(**arguments))
+
+            page = await self._call(f"list {self._where(prefix)}", list_page)
+            files += [ObjectInfo(item["Key"][len(prefix) :], int(item["Size"])) for item in page.get("Contents", [])]
+            folders += [item["Prefix"][len(prefix) :].rstrip("/") for item in page.get("CommonPrefixes", [])]
+            token = page.get("NextContinuationToken")
+            if max_keys is not None or not page.get("IsTruncated") or token is None:
+                return files, folders
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self._bucket}/{key}"
+
+    async def list_files(self, folder: str) -> list[ObjectInfo]:
+        return (await self._list(folder))[0]
+
+    async def list_folders(self, folder: str) -> list[str]:
+        return (await self._list(folder))[1]
+
+    async def folder_exists(self, folder: str) -> bool:
+        files, folders = await self._list(folder, max_keys=1)
+        return bool(files or folders)
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        full = self._key(key)
+
+        async def get(client: Any) -> bytes:
+            try:
+                response = await client.get_object(
+                    Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}"
+                )
+            except botocore.exceptions.ClientError as error:
+                if _error_code(error)[0] in _RANGE_CODES:
+                    return b""  # the object ends before ``start``
+                raise
+            async with response["Body"] as body:
+                return cast(bytes, await body.read())
+
+        return await self._call(f"get {self._where(full)}", get)
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        full = self._key(key)
+
+        async def put(client: Any) -> None:
+            await client.put_object(
+                Bucket=self._bucket, Key=full, Body=data, IfNoneMatch="*", **self._options.encryption_arguments()
+            )
+
+        try:
+            await self._call(f"conditional put {self._where(full)}", put)
+        except _PreconditionFailed:
+            return False
+        return True
+
+    async def put(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+
+        async def put(client: Any) -> None:
+            await client.put_object(Bucket=self._bucket, Key=full, Body=data, **self._options.encryption_arguments())
+
+        await self._call(f"put {self._where(full)}", put)
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            full = self._key(key)
+
+            async def delete(client: Any, full: str = full) -> None:
+                await client.delete_object(Bucket=self._bucket, Key=full)
+
+            await self._call(f"delete {self._where(full)}", delete)
+
+    async def close(self) -> None:
+        await self._provider.close_client()
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("S3 call failed, retrying in %.2fs (attempt %d): %s", delay, state.attempt_number, error)
+
+
+class S3Provider(ChunkedProvider):
+    """Segments as chunk objects under ``s3://bucket/prefix``."""
+
+    scheme: ClassVar[str] = "s3"
+
+    def __init__(self, url: str, options: S3Options | None = None, **option_overrides: Any) -> None:
+        bucket, prefix, query = parse_s3_url(url)
+        if options is not None and (query or option_overrides):
+            raise ConfigError("pass S3Options or URL parameters and keyword options, not both")
+        self.options = options if options is not None else S3Options.from_query(query, **option_overrides)
+        self.bucket = bucket
+        self.prefix = prefix
+        super().__init__(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}")
+        self._store = S3ObjectStore(self)
+        self._client: Any = None
+        self._client_stack: contextlib.AsyncExitStack | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._client_lock: asyncio.Lock | None = None
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
+
+    async def client(self) -> Any:
+        """The aiobotocore S3 client, created on first use in the running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._client_loop is not loop:
+            if self._client_loop is not None and not self._client_loop.is_closed():
+                raise RuntimeError(
+                    f"{self!r} is bound to the event loop it was first used in; use one provider per loop"
+                )
+            # The old loop is gone and its connections with it; start over in this one.
+            self._client, self._client_stack = None, None
+            self._client_loop, self._client_lock = loop, asyncio.Lock()
+        assert self._client_lock is not None
+        async with self._client_lock:
+            if self._client is None:
+                self._client_stack = contextlib.AsyncExitStack()
+                self._client = await self._client_stack.enter_async_context(self._create_client())
+        return self._client
+
+    def _create_client(self) -> Any:
+        options = self.options
+        config = AioConfig(
+            region_name=options.region,
+            connect_timeout=options.connect_timeout,
+            read_timeout=options.read_timeout,
+            # tenacity owns retries, so botocore makes exactly one attempt per call.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            s3={"addressing_style": options.addressing_style},
+        )
+        return get_session().create_client(
+            "s3",
+            endpoint_url=options.endpoint_url,
+            region_name=options.region,
+            aws_access_key_id=options.access_key_id,
+            aws_secret_access_key=options.secret_access_key,
+            aws_session_token=options.session_token,
+            config=config,
+        )
+
+    async def close_client(self) -> None:
+        stack, loop = self._client_stack, self._client_loop
+        self._client, self._client_stack = None, None
+        if stack is not None and loop is asyncio.get_running_loop():
+            await stack.aclose()
+
+    def __repr__(self) -> str:
+        return f"S3Provider({self.url!r}, {self.options!r})"

@@ -1,0 +1,50 @@
+"""The provider conformance suite run over every provider this package ships."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.backends import s3fs_options
+from tests.fixtures.s3 import S3Server
+from tieredstore.providers.fsspec import FsspecProvider
+from tieredstore.providers.memory import MemoryProvider
+from tieredstore.providers.posix import PosixProvider
+from tieredstore.providers.s3 import S3Provider
+from tieredstore.providers.testing import ProviderFactory, ProviderTests
+
+
+class TestMemoryProvider(ProviderTests):
+    @pytest.fixture
+    def make_provider(self) -> Iterator[ProviderFactory]:
+        name = f"conformance-{uuid.uuid4().hex}"
+        yield lambda: MemoryProvider(f"memory://{name}")
+        MemoryProvider.wipe(name)
+
+
+class TestPosixProvider(ProviderTests):
+    @pytest.fixture
+    def make_provider(self, tmp_path: Path) -> ProviderFactory:
+        return lambda: PosixProvider(f"file://{tmp_path}/cold")
+
+
+class TestS3Provider(ProviderTests):
+    @pytest.fixture
+    def make_provider(self, s3_bucket_url: str, s3_options: dict[str, Any]) -> ProviderFactory:
+        return lambda: S3Provider(s3_bucket_url, **s3_options)
+
+
+class TestFsspecOverS3fs(ProviderTests):
+    @pytest.fixture
+    def make_provider(self, s3_server: S3Server, s3_bucket: str) -> ProviderFactory:
+        return lambda: FsspecProvider(f"s3a://{s3_bucket}/archive", **s3fs_options(s3_server))
+
+
+class TestFsspecLocal(ProviderTests):
+    @pytest.fixture
+    def make_provider(self, tmp_path: Path) -> ProviderFactory:
+        return lambda: FsspecProvider(f"file://{tmp_path}/cold")
