@@ -10,7 +10,8 @@ import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.index.helpers import CountingProvider
-from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.config import IndexSettings
+from tieredstore.errors import CorruptRecordError, IntegrityError, StorageUnavailableError, ValidationError
 from tieredstore.formats.message import java_string_hash
 from tieredstore.index.file import compact_file
 from tieredstore.index.format import key_hash
@@ -20,7 +21,6 @@ from tieredstore.index.service import (
     IndexFileRecord,
     IndexFileStatus,
     IndexService,
-    IndexSettings,
     JsonIndexCatalogue,
     MemoryIndexCatalogue,
 )
@@ -258,6 +258,34 @@ async def test_upload_interrupted_before_the_catalogue_is_not_written_twice(tmp_
     await restarted.close()
 
 
+async def test_upload_cut_off_half_way_resumes_from_the_bytes_that_landed(tmp_path: Path) -> None:
+    messages, provider = Messages(), CountingProvider()
+    directory = tmp_path / "index"
+    service = IndexService(
+        directory, provider, cluster="c1", broker="b1", settings=_settings(max_items=20), upload_chunk_size=100
+    )
+    await service.start()
+    await service.put([messages.entry(n, T0 + n, f"k{n}") for n in range(21)])
+    compacted_path = directory / f"{service.files()[0].file_id:020d}.compacted"
+    provider.commits_left = 3
+    with pytest.raises(StorageUnavailableError, match="injected outage"):
+        await service.maintain()
+    (uploaded_key,) = provider.volume
+    assert len(provider.volume[uploaded_key]) == 300
+    provider.commits_left = None
+    restarted = IndexService(
+        directory, provider, cluster="c1", broker="b1", settings=_settings(max_items=20), upload_chunk_size=100
+    )
+    await restarted.start()
+    expected = compacted_path.read_bytes()
+    await restarted.maintain()
+    assert bytes(provider.volume[uploaded_key]) == expected
+    assert not compacted_path.exists()
+    for n in range(21):
+        assert await _query(restarted, messages, f"k{n}") == [n]
+    await restarted.close()
+
+
 async def test_restart_keeps_the_unsealed_file_and_appends_to_it(tmp_path: Path) -> None:
     messages, provider = Messages(), CountingProvider()
     service = await _service(tmp_path, provider, settings=_settings(max_items=100))
@@ -342,7 +370,12 @@ async def test_uploaded_index_answers_on_every_backend_after_a_restart(
 ) -> None:
     messages = Messages()
     service = IndexService(
-        tmp_path / "index", provider_factory(), cluster="c1", broker="b1", settings=_settings(max_items=4)
+        tmp_path / "index",
+        provider_factory(),
+        cluster="c1",
+        broker="b1",
+        settings=_settings(max_items=4),
+        upload_chunk_size=64,  # several commits (S3: several chunk objects) per file
     )
     await service.start()
     await service.put([messages.entry(n, T0 + n, "order-1", "Aa" if n % 2 else "BB") for n in range(9)])

@@ -1,0 +1,28 @@
+"""The key index: messages found by ``topic#key`` in local and uploaded index files.
+
+``format`` holds the byte layouts, ``file`` the local files and lookups, ``service`` the IndexService.
+"""
+
+from tieredstore.index.service import (
+    ConfirmKeys,
+    IndexCatalogue,
+    IndexEntry,
+    IndexFileRecord,
+    IndexFileStatus,
+    IndexHit,
+    IndexService,
+    JsonIndexCatalogue,
+    MemoryIndexCatalogue,
+)
+
+__all__ = [
+    "ConfirmKeys",
+    "IndexCatalogue",
+    "IndexEntry",
+    "IndexFileRecord",
+    "IndexFileStatus",
+    "IndexHit",
+    "IndexService",
+    "JsonIndexCatalogue",
+    "MemoryIndexCatalogue",
+]

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from tieredstore.config import IndexSettings
 from tieredstore.errors import IntegrityError, ValidationError
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index.file import (
@@ -174,22 +175,6 @@ class JsonIndexCatalogue:
 
 
 @dataclass(frozen=True, slots=True)
-class IndexSettings:
-    """Sizes and intervals of the key index. ``index_seal_interval`` is in seconds."""
-
-    index_max_items: int = 20_000_000
-    index_slot_count: int = 5_000_000
-    index_seal_interval: float = 3600.0
-    upload_chunk_size: int = 8 * MIB
-
-    def __post_init__(self) -> None:
-        if self.index_max_items < 1 or self.index_slot_count < 1:
-            raise ValidationError("index_max_items and index_slot_count must be at least 1")
-        if self.index_seal_interval <= 0 or self.upload_chunk_size < 1:
-            raise ValidationError("index_seal_interval and upload_chunk_size must be positive")
-
-
-@dataclass(frozen=True, slots=True)
 class IndexEntry:
     """One archived message to index: where it is, when it was stored, and its keys (KEYS and UNIQ_KEY)."""
 
@@ -233,12 +218,16 @@ class IndexService:
         broker: str,
         catalogue: IndexCatalogue | None = None,
         settings: IndexSettings | None = None,
+        upload_chunk_size: int = 8 * MIB,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
+        if upload_chunk_size < 1:
+            raise ValidationError(f"upload_chunk_size must be positive, got {upload_chunk_size}")
         self.directory = directory
         self.provider = provider
         self.index_path = index_path(cluster, broker)
         self.settings = settings or IndexSettings()
+        self.upload_chunk_size = upload_chunk_size
         self._catalogue: IndexCatalogue = catalogue or JsonIndexCatalogue(directory / "catalogue.json")
         self._clock = clock
         self._records: dict[int, IndexFileRecord] = {}
@@ -446,7 +435,7 @@ class IndexService:
             await segment.destroy()
             segment = self.provider.segment(FileType.INDEX, self.index_path, record.file_id)
             position = 0
-        chunk_size = self.settings.upload_chunk_size
+        chunk_size = self.upload_chunk_size
         while position < size:
             chunk = await asyncio.to_thread(_read_range, compacted_path, position, min(chunk_size, size - position))
             segment.append(chunk)
