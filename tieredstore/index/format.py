@@ -29,6 +29,7 @@ seconds, previous item number). Its slot and item capacities are broker settings
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from collections.abc import Iterator
@@ -56,6 +57,9 @@ UNSEALED_ITEM_SIZE = _UNSEALED_ITEM.size + _CRC.size  # 36
 COMPACTED_SLOT_SIZE = _COMPACTED_SLOT.size  # 8
 COMPACTED_ITEM_SIZE = _COMPACTED_ITEM.size + _CRC.size  # 32
 
+ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
+"""Anything the decoders read from: file bytes, a mapped file, or a view of either."""
+
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 UINT32_MAX = (1 << 32) - 1
@@ -81,7 +85,7 @@ def slot_of(hash_value: int, slot_count: int) -> int:
     return hash_value % slot_count
 
 
-def _crc(data: bytes | memoryview) -> int:
+def _crc(data: ReadableBuffer) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
@@ -141,7 +145,7 @@ class UnsealedHeader:
         return body + _CRC.pack(_crc(body))
 
     @classmethod
-    def decode(cls, buf: bytes | memoryview, *, location: str | None = None) -> UnsealedHeader:
+    def decode(cls, buf: ReadableBuffer, *, location: str | None = None) -> UnsealedHeader:
         if len(buf) < HEADER_SIZE:
             raise CorruptRecordError(f"index header truncated to {len(buf)} bytes", location=location, offset=0)
         fields = _UNSEALED_HEADER.unpack_from(buf, 0)
@@ -200,7 +204,7 @@ def encode_unsealed_item(item: IndexItem, base_timestamp: int, previous: int) ->
 
 
 def decode_unsealed_item(
-    buf: bytes | memoryview, pos: int, base_timestamp: int, *, location: str | None = None
+    buf: ReadableBuffer, pos: int, base_timestamp: int, *, location: str | None = None
 ) -> tuple[IndexItem, int]:
     """(item, previous item number) of the item at ``pos``; CorruptRecordError on a CRC mismatch."""
     if len(buf) - pos < UNSEALED_ITEM_SIZE:
@@ -216,7 +220,7 @@ def decode_unsealed_item(
 
 
 def walk_unsealed_chain(
-    buf: bytes | memoryview,
+    buf: ReadableBuffer,
     header: UnsealedHeader,
     first: int,
     item_count: int,
@@ -290,7 +294,7 @@ class CompactedHeader:
         return head + bytes(HEADER_SIZE - len(head))
 
     @classmethod
-    def decode(cls, buf: bytes | memoryview, *, location: str | None = None) -> CompactedHeader:
+    def decode(cls, buf: ReadableBuffer, *, location: str | None = None) -> CompactedHeader:
         if len(buf) < HEADER_SIZE:
             raise CorruptRecordError(f"index header truncated to {len(buf)} bytes", location=location, offset=0)
         fields = _COMPACTED_HEADER.unpack_from(buf, 0)
@@ -327,7 +331,7 @@ class SlotRange:
 
 
 def decode_compacted_slot(
-    buf: bytes | memoryview, header_or_item_count: CompactedHeader | int, *, location: str | None = None
+    buf: ReadableBuffer, header_or_item_count: CompactedHeader | int, *, location: str | None = None
 ) -> SlotRange:
     """The slot entry in ``buf`` (exactly its 8 bytes), checked against the file's item count."""
     item_count = (
@@ -355,7 +359,7 @@ def encode_compacted_item(item: IndexItem, begin_timestamp: int) -> bytes:
 
 
 def decode_compacted_items(
-    buf: bytes | memoryview,
+    buf: ReadableBuffer,
     slot_range: SlotRange,
     slot: int,
     slot_count: int,
@@ -385,7 +389,7 @@ def decode_compacted_items(
 
 def compact_into(
     out: bytearray | memoryview,
-    source: bytes | memoryview,
+    source: ReadableBuffer,
     header: UnsealedHeader,
     item_count: int,
 ) -> CompactedHeader:
