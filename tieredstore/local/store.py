@@ -278,6 +278,10 @@ class LocalMessageStore:
                 stop = item
                 break
             offset, size, record = item
+            problem = self._unacceptable(record, allow_rebase=self.read_only or start == log_.min_offset)
+            if problem is not None:
+                stop = ScanStop(offset, problem)
+                break
             queue = self._queue(record.topic, record.queue_id)
             try:
                 queue.append(ConsumeQueueUnit(offset, size, tag_hash(record.tags)), record.queue_offset)
@@ -309,6 +313,20 @@ class LocalMessageStore:
         if report.repaired:
             log.warning("hot store repaired", **{k: getattr(report, k) for k in report.__slots__})  # type: ignore[attr-defined]
         return report
+
+    def _unacceptable(self, record: MessageRecord, *, allow_rebase: bool) -> str | None:
+        """Why a record that decoded cleanly still cannot be ours (header bits the CRC does not cover)."""
+        try:
+            validate_topic(record.topic)
+        except ValidationError as exc:
+            return f"record names an invalid topic: {exc}"
+        if record.queue_id < 0 or (not self.read_only and record.queue_id >= self.config.max_queues_per_topic):
+            return f"record names queue id {record.queue_id}, outside 0..{self.config.max_queues_per_topic - 1}"
+        queue = self._queues.get((record.topic, record.queue_id))
+        expected = queue.max_offset if queue is not None else 0
+        if record.queue_offset != expected and not (allow_rebase and (queue is None or queue.max_offset == 0)):
+            return f"record has queue offset {record.queue_offset}, its queue expects {expected}"
+        return None
 
     def _clean_end_is_consistent(self, end: int, data_end: int) -> bool:
         """After a clean close the checkpoint holds the exact end; check it against the files cheaply."""
