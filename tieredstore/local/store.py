@@ -176,6 +176,9 @@ class LocalMessageStore:
             )
             self._load_queues()
             self.recovery = self._recover()
+            for queue in self._queues.values():
+                # Retention (ours or the broker's) may have deleted commit-log files older units point at.
+                queue.min_offset = queue.lower_bound(self._commit_log.min_offset)
         except BaseException:
             self._release()
             raise
