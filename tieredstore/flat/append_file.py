@@ -1,0 +1,332 @@
+"""FlatAppendFile: one logical append-only file made of an ordered list of cold segments.
+
+Only the last segment is writable. Offsets are byte positions in the logical file: a segment's base
+offset is where it starts, so the file's min offset is the first segment's base and its commit
+offset is the last segment's base plus its commit position. A segment is recorded in metadata before
+any byte is written to it, so recovery from metadata sees every segment that can hold bytes; a
+full segment is committed and recorded SEALED (with its final size) before the next one starts.
+
+``commit_before`` orders commits across files: a consume queue names its commit log there, so no
+consume-queue byte becomes durable before the commit-log bytes it points at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Callable, Sequence
+
+from tieredstore.errors import NotFoundError, StorageError, ValidationError
+from tieredstore.formats.naming import FileType
+from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
+from tieredstore.providers.base import AppendResult, FileSegment, Provider
+
+Clock = Callable[[], int]
+RECOVERABLE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED, SegmentStatus.DELETING)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class FlatAppendFile:
+    """An ordered list of FileSegments of one type under one logical path."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        metadata: MetadataStore,
+        path: str,
+        file_type: FileType,
+        *,
+        max_segment_size: int | None = None,
+        initial_offset: int = 0,
+        commit_before: FlatAppendFile | None = None,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.provider = provider
+        self.metadata = metadata
+        self.path = path
+        self.file_type = file_type
+        self.max_segment_size = max_segment_size
+        self.commit_before = commit_before
+        self.clock = clock
+        self.segments: list[FileSegment] = []
+        self._initial_offset = initial_offset
+        self._recorded_sizes: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.path!r}, {self.file_type.value}, min={self.min_offset}, "
+            f"commit={self.commit_offset}, append={self.append_offset}, segments={len(self.segments)})"
+        )
+
+    # ---- positions -------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base_offset if self.segments else self._initial_offset
+
+    @property
+    def commit_offset(self) -> int:
+        if not self.segments:
+            return self._initial_offset
+        last = self.segments[-1]
+        return last.base_offset + last.commit_position
+
+    @property
+    def append_offset(self) -> int:
+        if not self.segments:
+            return self._initial_offset
+        last = self.segments[-1]
+        return last.base_offset + last.append_position
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(segment.pending_bytes for segment in self.segments)
+
+    @property
+    def is_empty(self) -> bool:
+        """No segment at all: the next append starts the file at its initial offset."""
+        return not self.segments
+
+    def reset_initial_offset(self, offset: int) -> None:
+        """Where the first segment will start; only while the file has no segment."""
+        if self.segments:
+            raise ValidationError(f"{self.path}/{self.file_type.value} already starts at {self.min_offset}")
+        if offset < 0:
+            raise ValidationError(f"initial offset {offset} must not be negative")
+        self._initial_offset = offset
+
+    # ---- appends, rolling and commits --------------------------------------------------------------
+
+    def would_roll(self, size: int) -> bool:
+        """Whether appending ``size`` bytes now starts a new segment."""
+        if not self.segments:
+            return True
+        last = self.segments[-1]
+        if last.is_closed:
+            return True
+        limit = last.max_size
+        return limit is not None and last.append_position > 0 and last.append_position + size > limit
+
+    async def append(self, data: bytes, timestamp: int) -> int:
+        """Buffer ``data``, rolling to a new segment when the last one is full; returns its offset."""
+        if not self.segments:
+            await self._start_segment(self._initial_offset, timestamp)
+        for _ in range(3):
+            offset = self.append_offset
+            result = self.segments[-1].append(data, timestamp)
+            if result is AppendResult.SUCCESS:
+                return offset
+            if result is AppendResult.BUFFER_FULL:
+                await self.commit()
+            else:  # FILE_FULL, or FILE_CLOSED for a sealed last segment found at recovery
+                await self.roll(timestamp)
+        raise StorageError(f"{self.path}/{self.file_type.value}: could not append {len(data)} bytes")
+
+    async def roll(self, timestamp: int | None = None) -> None:
+        """Commit and seal the last segment, then start a new one at the commit offset."""
+        if not self.segments:
+            return
+        await self.commit()
+        last = self.segments[-1]
+        if last.commit_position > 0:
+            last.close()
+            await asyncio.to_thread(
+                self.metadata.update_segment,
+                SegmentUpdate(
+                    self.path,
+                    self.file_type,
+                    last.base_offset,
+                    size=last.commit_position,
+                    status=SegmentStatus.SEALED,
+                    begin_timestamp=last.min_timestamp,
+                    end_timestamp=last.max_timestamp,
+                    sealed_timestamp=self.clock(),
+                ),
+            )
+            self._recorded_sizes[last.base_offset] = last.commit_position
+            await self._start_segment(self.commit_offset, timestamp)
+        elif last.is_closed:
+            raise StorageError(f"{last.key} is sealed but empty; it cannot be rolled")
+
+    async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
+        await asyncio.to_thread(
+            self.metadata.add_segment, self.path, self.file_type, base_offset, begin_timestamp=timestamp
+        )
+        segment = self.provider.segment(self.file_type, self.path, base_offset, max_size=self.max_segment_size)
+        self.segments.append(segment)
+        self._recorded_sizes[base_offset] = 0
+
+    async def commit(self) -> None:
+        """Make every buffered byte durable (after ``commit_before``'s); StorageError keeps the buffers."""
+        if self.commit_before is not None:
+            await self.commit_before.commit()
+        for segment in self.segments:
+            if segment.pending_bytes:
+                await segment.commit()
+
+    def segment_update(self) -> SegmentUpdate | None:
+        """The last segment's committed size and time range for metadata, if it changed since recorded."""
+        if not self.segments:
+            return None
+        last = self.segments[-1]
+        if self._recorded_sizes.get(last.base_offset) == last.commit_position:
+            return None
+        return SegmentUpdate(
+            self.path,
+            self.file_type,
+            last.base_offset,
+            size=last.commit_position,
+            begin_timestamp=last.min_timestamp,
+            end_timestamp=last.max_timestamp,
+        )
+
+    def mark_recorded(self, update: SegmentUpdate) -> None:
+        if update.size is not None:
+            self._recorded_sizes[update.base_offset] = update.size
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    def segment_index(self, offset: int) -> int:
+        """Index of the segment holding ``offset``; NotFoundError below the min offset."""
+        if offset < self.min_offset or not self.segments:
+            raise NotFoundError(
+                f"{self.path}/{self.file_type.value}: offset {offset} is below the min offset {self.min_offset}"
+            )
+        bases = [segment.base_offset for segment in self.segments]
+        return bisect.bisect_right(bases, offset) - 1
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Committed bytes in [offset, offset + length), across segments, trimmed at the commit offset."""
+        if length < 0:
+            raise ValidationError(f"read length {length} must not be negative")
+        end = min(offset + length, self.commit_offset)
+        if end <= offset:
+            if offset < self.min_offset:
+                self.segment_index(offset)  # raises NotFoundError
+            return b""
+        parts: list[bytes] = []
+        index = self.segment_index(offset)
+        position = offset
+        while position < end and index < len(self.segments):
+            segment = self.segments[index]
+            segment_end = min(end, segment.base_offset + segment.commit_position)
+            if segment_end > position:
+                parts.append(await segment.read(position - segment.base_offset, segment_end - position))
+            position = max(position, segment_end)
+            index += 1
+        return b"".join(parts)
+
+    # ---- expiry, truncation and recovery -------------------------------------------------------------
+
+    async def destroy_expired(self, before_timestamp: int, *, limit_offset: int | None = None) -> int:
+        """Remove head segments whose newest data is older than ``before_timestamp``; never the last.
+
+        ``limit_offset`` protects bytes still referenced: a segment ending after it stays. Each
+        removal marks the row DELETING, deletes the object, then marks the row DELETED, so a crash in
+        between is finished by ``recover``. Returns how many segments were removed.
+        """
+        removed = 0
+        while len(self.segments) > 1:
+            head = self.segments[0]
+            newest = head.max_timestamp
+            if newest is None or newest >= before_timestamp:
+                break
+            if limit_offset is not None and head.base_offset + head.commit_position > limit_offset:
+                break
+            await self._destroy_segment(head, forget=False)
+            self.segments.pop(0)
+            removed += 1
+        return removed
+
+    async def _destroy_segment(self, segment: FileSegment, *, forget: bool) -> None:
+        """Delete the object, then the metadata; ``forget`` drops the row instead of keeping it DELETED."""
+        if not forget:
+            await asyncio.to_thread(
+                self.metadata.update_segment,
+                SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETING),
+            )
+        await segment.destroy()
+        if forget:
+            await asyncio.to_thread(self.metadata.delete_segment, self.path, self.file_type, segment.base_offset)
+        else:
+            await asyncio.to_thread(
+                self.metadata.update_segment,
+                SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETED),
+            )
+        self._recorded_sizes.pop(segment.base_offset, None)
+
+    async def destroy(self) -> None:
+        """Delete every segment (objects first, then their rows)."""
+        while self.segments:
+            await self._destroy_segment(self.segments.pop(), forget=True)
+
+    async def truncate(self, offset: int) -> None:
+        """Remove every committed byte at or after ``offset`` (orphans after a crash).
+
+        Segments that start at or after ``offset`` are deleted entirely (never the first one, which
+        is emptied instead); the segment holding ``offset`` is cut there.
+        """
+        if offset < self.min_offset:
+            raise ValidationError(f"cannot truncate {self.path}/{self.file_type.value} below {self.min_offset}")
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            await self._destroy_segment(self.segments.pop(), forget=True)
+        if not self.segments:
+            return
+        last = self.segments[-1]
+        keep = offset - last.base_offset
+        if last.commit_position > keep or last.pending_bytes:
+            await last.truncate(keep)
+            if last.is_closed:
+                # A sealed segment that lost its tail is writable again: new handle, row back to NEW.
+                reopened = self.provider.segment(
+                    self.file_type, self.path, last.base_offset, commit_position=keep, max_size=self.max_segment_size
+                )
+                reopened.min_timestamp = last.min_timestamp
+                reopened.max_timestamp = last.max_timestamp
+                self.segments[-1] = reopened
+                await asyncio.to_thread(
+                    self.metadata.update_segment,
+                    SegmentUpdate(self.path, self.file_type, last.base_offset, size=keep, status=SegmentStatus.NEW),
+                )
+                self._recorded_sizes[last.base_offset] = keep
+
+    async def recover(self, records: Sequence[SegmentRecord] | None = None) -> bool:
+        """Rebuild the segment list from metadata and correct unsealed sizes from the provider.
+
+        ``records`` are this file's rows (NEW, SEALED or DELETING) when the caller loaded them in
+        bulk. Removals interrupted by a crash are finished. Returns whether any size was corrected.
+        """
+        if records is None:
+            records = await asyncio.to_thread(
+                self.metadata.list_segments, self.path, self.file_type, statuses=RECOVERABLE_STATUSES
+            )
+        self.segments = []
+        self._recorded_sizes = {}
+        corrected = False
+        for record in sorted(records, key=lambda r: r.base_offset):
+            segment = self.provider.segment(
+                self.file_type,
+                self.path,
+                record.base_offset,
+                commit_position=record.size,
+                max_size=self.max_segment_size,
+            )
+            if record.status is SegmentStatus.DELETING:
+                await self._destroy_segment(segment, forget=False)
+                continue
+            segment.min_timestamp = record.begin_timestamp
+            segment.max_timestamp = record.end_timestamp
+            if record.status is SegmentStatus.SEALED:
+                segment.close()
+            self.segments.append(segment)
+            self._recorded_sizes[record.base_offset] = record.size
+        for segment in self.segments:
+            if segment.is_closed and segment is not self.segments[-1]:
+                continue
+            real = await segment.correct_commit_position()
+            corrected = corrected or real != self._recorded_sizes[segment.base_offset]
+        return corrected

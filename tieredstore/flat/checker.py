@@ -1,0 +1,220 @@
+"""The archive invariant checker: every archived message appears exactly once at contiguous offsets.
+
+``check_queue_invariant`` walks a queue's archived consume queue and commit log in batches and
+returns every violation as a typed ``InvariantProblem`` naming where it is: units must tile the
+commit log with no gap or overlap, each record must decode with a good CRC, sit at the offset its
+unit says with the size it says, carry the queue offset of its slot and its own PHYSICALOFFSET, and
+no commit-log byte may follow the last referenced record. Given the hot copy, each record must be
+byte-identical to it except for PHYSICALOFFSET.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tieredstore.errors import CorruptRecordError
+from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode, tag_hash
+
+ReferenceLookup = Callable[[int], bytes | None] | Mapping[int, bytes]
+DEFAULT_BATCH = 1024
+_PHYSICAL_OFFSET_END = POS_PHYSICAL_OFFSET + 8
+
+
+class ProblemKind(enum.StrEnum):
+    """What is wrong at one place of a cold queue."""
+
+    OFFSET_RANGE = "OFFSET_RANGE"  # recorded positions disagree with the files
+    UNIT_UNREADABLE = "UNIT_UNREADABLE"  # consume-queue bytes missing or not whole units
+    COMMIT_LOG_GAP = "COMMIT_LOG_GAP"  # bytes between two records that no unit references
+    COMMIT_LOG_OVERLAP = "COMMIT_LOG_OVERLAP"  # two units share bytes: a message archived twice
+    COMMIT_LOG_MISSING = "COMMIT_LOG_MISSING"  # a unit points past the durable commit log
+    CORRUPT_RECORD = "CORRUPT_RECORD"  # bad magic, length or CRC
+    SIZE_MISMATCH = "SIZE_MISMATCH"  # the unit's size is not the record's TOTALSIZE
+    QUEUE_OFFSET_MISMATCH = "QUEUE_OFFSET_MISMATCH"  # the record says another queue offset
+    PHYSICAL_OFFSET_MISMATCH = "PHYSICAL_OFFSET_MISMATCH"  # PHYSICALOFFSET is not where the record is
+    WRONG_QUEUE = "WRONG_QUEUE"  # the record belongs to another topic or queue
+    TAG_HASH_MISMATCH = "TAG_HASH_MISMATCH"  # the unit's tag hash is not the record's
+    ORPHAN_BYTES = "ORPHAN_BYTES"  # commit-log bytes after the last referenced record
+    REFERENCE_MISSING = "REFERENCE_MISSING"  # the hot copy has no message at this offset
+    REFERENCE_MISMATCH = "REFERENCE_MISMATCH"  # bytes differ from the hot copy
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantProblem:
+    """One violation: its kind, the queue offset and commit-log offset where it is, and the detail."""
+
+    kind: ProblemKind
+    topic: str
+    queue_id: int
+    queue_offset: int | None
+    commitlog_offset: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"{self.topic}/{self.queue_id}"
+        if self.queue_offset is not None:
+            where += f" queue offset {self.queue_offset}"
+        if self.commitlog_offset is not None:
+            where += f" commit-log offset {self.commitlog_offset}"
+        return f"{self.kind.value} at {where}: {self.detail}"
+
+
+def _reference_getter(reference: ReferenceLookup | None) -> Callable[[int], bytes | None] | None:
+    if reference is None:
+        return None
+    if isinstance(reference, Mapping):
+        return reference.get
+    return reference
+
+
+async def check_queue_invariant(
+    flat_file: FlatMessageFile,
+    *,
+    reference: ReferenceLookup | None = None,
+    batch: int = DEFAULT_BATCH,
+    max_problems: int = 1000,
+) -> list[InvariantProblem]:
+    """Every violation of the archive invariant in ``flat_file`` (empty when it holds), up to ``max_problems``.
+
+    ``reference`` maps a queue offset to the hot copy of that message (None or absent when the hot
+    store no longer has it, which is reported only for offsets the caller claims to hold).
+    """
+    problems: list[InvariantProblem] = []
+    topic, queue_id = flat_file.topic, flat_file.queue_id
+    reference_of = _reference_getter(reference)
+
+    def report(kind: ProblemKind, queue_offset: int | None, cl_offset: int | None, detail: str) -> None:
+        if len(problems) < max_problems:
+            problems.append(InvariantProblem(kind, topic, queue_id, queue_offset, cl_offset, detail))
+
+    archived = flat_file.archived_offset
+    if flat_file.position.max_offset != archived:
+        report(
+            ProblemKind.OFFSET_RANGE,
+            None,
+            None,
+            f"metadata records archived offset {flat_file.position.max_offset}, the consume queue ends at {archived}",
+        )
+    expected_cl = flat_file.commit_log.min_offset
+    first = True
+    queue_offset = flat_file.min_offset
+    while queue_offset < archived and len(problems) < max_problems:
+        count = min(batch, archived - queue_offset)
+        try:
+            units = await flat_file.read_units(queue_offset, count)
+        except CorruptRecordError as error:
+            report(ProblemKind.UNIT_UNREADABLE, queue_offset, None, str(error))
+            return problems
+        if len(units) < count:
+            report(
+                ProblemKind.UNIT_UNREADABLE,
+                queue_offset + len(units),
+                None,
+                f"{count - len(units)} archived units are not readable",
+            )
+            count = len(units)
+            archived = queue_offset + count
+        if not units:
+            break
+        start = units[0].commitlog_offset
+        end = max(u.commitlog_offset + u.size for u in units)
+        raw = await flat_file.read_commit_log(start, end - start) if end > start else b""
+        for index, unit in enumerate(units):
+            offset = queue_offset + index
+            if first:
+                # The head of the commit log may hold bytes of expired messages; only later gaps count.
+                expected_cl = unit.commitlog_offset
+                first = False
+            _check_unit(unit, offset, expected_cl, raw, start, flat_file, reference_of, report)
+            expected_cl = max(expected_cl, unit.commitlog_offset + unit.size)
+        queue_offset += count
+    committed = flat_file.commit_log.commit_offset
+    if archived > flat_file.min_offset and committed > expected_cl:
+        report(
+            ProblemKind.ORPHAN_BYTES,
+            None,
+            expected_cl,
+            f"{committed - expected_cl} commit-log bytes after the last archived record",
+        )
+    elif archived == flat_file.min_offset and committed > flat_file.commit_log.min_offset and first:
+        report(
+            ProblemKind.ORPHAN_BYTES,
+            None,
+            flat_file.commit_log.min_offset,
+            f"{committed - flat_file.commit_log.min_offset} commit-log bytes but no archived message",
+        )
+    return problems
+
+
+def _check_unit(
+    unit: ConsumeQueueUnit,
+    queue_offset: int,
+    expected_cl: int,
+    raw: bytes,
+    raw_start: int,
+    flat_file: FlatMessageFile,
+    reference_of: Callable[[int], bytes | None] | None,
+    report: Callable[[ProblemKind, int | None, int | None, str], None],
+) -> None:
+    cl_offset = unit.commitlog_offset
+    if cl_offset > expected_cl:
+        report(ProblemKind.COMMIT_LOG_GAP, queue_offset, expected_cl, f"{cl_offset - expected_cl} unreferenced bytes")
+    elif cl_offset < expected_cl:
+        report(
+            ProblemKind.COMMIT_LOG_OVERLAP,
+            queue_offset,
+            cl_offset,
+            f"the unit starts {expected_cl - cl_offset} bytes inside the previous record",
+        )
+    begin = cl_offset - raw_start
+    record_bytes = raw[begin : begin + unit.size]
+    if len(record_bytes) < unit.size:
+        report(
+            ProblemKind.COMMIT_LOG_MISSING,
+            queue_offset,
+            cl_offset,
+            f"the unit needs {unit.size} bytes, {len(record_bytes)} are durable",
+        )
+        return
+    try:
+        record = decode(record_bytes, location=f"{flat_file.path}/COMMIT_LOG")
+    except CorruptRecordError as error:
+        report(ProblemKind.CORRUPT_RECORD, queue_offset, cl_offset, str(error))
+        return
+    total = int.from_bytes(record_bytes[:4], "big", signed=True)
+    if total != unit.size:
+        report(ProblemKind.SIZE_MISMATCH, queue_offset, cl_offset, f"unit size {unit.size}, record size {total}")
+    if record.queue_offset != queue_offset:
+        report(ProblemKind.QUEUE_OFFSET_MISMATCH, queue_offset, cl_offset, f"record says {record.queue_offset}")
+    if record.physical_offset != cl_offset:
+        report(ProblemKind.PHYSICAL_OFFSET_MISMATCH, queue_offset, cl_offset, f"record says {record.physical_offset}")
+    if record.topic != flat_file.topic or record.queue_id != flat_file.queue_id:
+        report(ProblemKind.WRONG_QUEUE, queue_offset, cl_offset, f"record is of {record.topic}/{record.queue_id}")
+    if unit.tag_hash != tag_hash(record.tags):
+        report(
+            ProblemKind.TAG_HASH_MISMATCH,
+            queue_offset,
+            cl_offset,
+            f"unit {unit.tag_hash}, record tags give {tag_hash(record.tags)}",
+        )
+    if reference_of is None:
+        return
+    hot = reference_of(queue_offset)
+    if hot is None:
+        report(ProblemKind.REFERENCE_MISSING, queue_offset, cl_offset, "the hot store has no such message")
+        return
+    if _without_physical_offset(hot) != _without_physical_offset(record_bytes):
+        report(
+            ProblemKind.REFERENCE_MISMATCH,
+            queue_offset,
+            cl_offset,
+            f"cold bytes ({len(record_bytes)}) differ from the hot copy ({len(hot)}) beyond PHYSICALOFFSET",
+        )
+
+
+def _without_physical_offset(record: bytes) -> bytes:
+    return record[:POS_PHYSICAL_OFFSET] + record[_PHYSICAL_OFFSET_END:]

@@ -1,0 +1,124 @@
+"""FlatCommitLogFile: a queue's cold commit log, rolled by size and, past a minimum size, by age.
+
+Records are packed back to back (no blank filler in the cold tier); a record's PHYSICALOFFSET is its
+offset in this file. The first queue offset of each segment is read from its first record once and
+cached, for lookups by queue offset that must not touch the consume queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
+from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
+from tieredstore.formats.naming import FileType
+from tieredstore.metadata import MetadataStore
+from tieredstore.providers.base import FileSegment, Provider
+
+DEFAULT_ROLLING_INTERVAL_MS = 24 * 3600 * 1000
+DEFAULT_ROLLING_MIN_SIZE = 16 << 20
+RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # enough for any header field up to STORETIMESTAMP (IPv6 hosts)
+
+
+class FlatCommitLogFile(FlatAppendFile):
+    """The commit log of one queue in cold storage."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        metadata: MetadataStore,
+        path: str,
+        *,
+        max_segment_size: int | None = None,
+        rolling_interval_ms: int = DEFAULT_ROLLING_INTERVAL_MS,
+        rolling_min_size: int = DEFAULT_ROLLING_MIN_SIZE,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        super().__init__(provider, metadata, path, FileType.COMMIT_LOG, max_segment_size=max_segment_size, clock=clock)
+        self.rolling_interval_ms = rolling_interval_ms
+        self.rolling_min_size = rolling_min_size
+        self._first_queue_offsets: dict[int, int] = {}
+
+    def should_roll_by_time(self, now_ms: int) -> bool:
+        """The last segment is at least the minimum size and began longer than the interval ago."""
+        if not self.segments:
+            return False
+        last = self.segments[-1]
+        return (
+            not last.is_closed
+            and last.append_position > 0
+            and last.append_position >= self.rolling_min_size
+            and last.min_timestamp is not None
+            and now_ms - last.min_timestamp >= self.rolling_interval_ms
+        )
+
+    async def try_rolling(self, now_ms: int | None = None) -> bool:
+        """Roll to a new segment if ``should_roll_by_time``; returns whether it did."""
+        if not self.should_roll_by_time(self.clock() if now_ms is None else now_ms):
+            return False
+        await self.roll()
+        return True
+
+    async def record_head(self, offset: int) -> bytes:
+        """The first bytes of the record at ``offset`` (enough for every fixed header field)."""
+        head = await self.read(offset, RECORD_HEAD_SIZE)
+        if len(head) < MIN_RECORD_SIZE:
+            raise CorruptRecordError(
+                f"only {len(head)} committed bytes where a record should start",
+                location=f"{self.path}/{FileType.COMMIT_LOG.value}",
+                offset=offset,
+            )
+        return head
+
+    async def store_timestamp_at(self, offset: int) -> int:
+        return store_timestamp_of(await self.record_head(offset))
+
+    async def queue_offset_at(self, offset: int) -> int:
+        (queue_offset,) = struct.unpack_from(">q", await self.record_head(offset), POS_QUEUE_OFFSET)
+        return int(queue_offset)
+
+    async def first_queue_offset(self, segment: FileSegment) -> int:
+        """Queue offset of the first record in ``segment`` (cached: a segment's head never changes)."""
+        cached = self._first_queue_offsets.get(segment.base_offset)
+        if cached is None:
+            cached = await self.queue_offset_at(segment.base_offset)
+            self._first_queue_offsets[segment.base_offset] = cached
+        return cached
+
+    async def segment_for_queue_offset(self, queue_offset: int) -> FileSegment:
+        """The segment whose records include ``queue_offset``, by binary search on first queue offsets."""
+        committed = [s for s in self.segments if s.commit_position > 0]
+        if not committed:
+            raise NotFoundError(f"{self.path}: the commit log holds no record")
+        low, high = 0, len(committed)
+        while low < high:
+            middle = (low + high) // 2
+            if await self.first_queue_offset(committed[middle]) <= queue_offset:
+                low = middle + 1
+            else:
+                high = middle
+        if low == 0:
+            raise NotFoundError(f"{self.path}: queue offset {queue_offset} is below the commit log's first record")
+        return committed[low - 1]
+
+    def segment_for_timestamp(self, timestamp: int) -> FileSegment:
+        """The first segment whose newest record is at or after ``timestamp`` (the last one otherwise)."""
+        if not self.segments:
+            raise NotFoundError(f"{self.path}: the commit log has no segment")
+        ends = [s.max_timestamp if s.max_timestamp is not None else -1 for s in self.segments]
+        index = bisect.bisect_left(ends, timestamp)
+        return self.segments[min(index, len(self.segments) - 1)]
+
+    async def truncate(self, offset: int) -> None:
+        await super().truncate(offset)
+        self._first_queue_offsets = {
+            base: queue_offset for base, queue_offset in self._first_queue_offsets.items() if base < offset
+        }
+
+    async def destroy_expired(self, before_timestamp: int, *, limit_offset: int | None = None) -> int:
+        removed = await super().destroy_expired(before_timestamp, limit_offset=limit_offset)
+        live = {segment.base_offset for segment in self.segments}
+        self._first_queue_offsets = {b: q for b, q in self._first_queue_offsets.items() if b in live}
+        return removed

@@ -1,0 +1,135 @@
+"""FlatConsumeQueueFile: a queue's cold consume queue of 20-byte units, addressed by queue offset.
+
+Byte offset = queue offset * 20, so segment base offsets are queue offsets * 20 too. The store
+timestamp of a unit lives in the commit-log record it points at; the time search takes a function
+that fetches it, and assumes store timestamps do not decrease along the queue.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+
+from tieredstore.errors import CorruptRecordError, ValidationError
+from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
+from tieredstore.formats.naming import FileType
+from tieredstore.metadata import MetadataStore
+from tieredstore.providers.base import Provider
+
+TimestampOf = Callable[[ConsumeQueueUnit], Awaitable[int]]
+
+
+class BoundaryType(enum.StrEnum):
+    """LOWER: the first offset stored at or after a time. UPPER: the last offset stored at or before it."""
+
+    LOWER = "LOWER"
+    UPPER = "UPPER"
+
+
+class FlatConsumeQueueFile(FlatAppendFile):
+    """The consume queue of one queue in cold storage; commits only after its commit log's."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        metadata: MetadataStore,
+        path: str,
+        *,
+        commit_log: FlatAppendFile | None = None,
+        max_segment_size: int | None = None,
+        initial_queue_offset: int = 0,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        if max_segment_size is not None:
+            max_segment_size -= max_segment_size % UNIT_SIZE
+            if max_segment_size < UNIT_SIZE:
+                raise ValidationError(f"a consume-queue segment must hold at least one {UNIT_SIZE}-byte unit")
+        super().__init__(
+            provider,
+            metadata,
+            path,
+            FileType.CONSUME_QUEUE,
+            max_segment_size=max_segment_size,
+            initial_offset=initial_queue_offset * UNIT_SIZE,
+            commit_before=commit_log,
+            clock=clock,
+        )
+
+    @property
+    def min_queue_offset(self) -> int:
+        return self.min_offset // UNIT_SIZE
+
+    @property
+    def commit_queue_offset(self) -> int:
+        return self.commit_offset // UNIT_SIZE
+
+    @property
+    def append_queue_offset(self) -> int:
+        return self.append_offset // UNIT_SIZE
+
+    @staticmethod
+    def position_of(queue_offset: int) -> int:
+        return queue_offset * UNIT_SIZE
+
+    @staticmethod
+    def queue_offset_of(position: int) -> int:
+        return position // UNIT_SIZE
+
+    def reset_initial_queue_offset(self, queue_offset: int) -> None:
+        self.reset_initial_offset(queue_offset * UNIT_SIZE)
+
+    async def append_unit(self, unit: ConsumeQueueUnit, timestamp: int) -> int:
+        """Buffer one unit; returns its queue offset."""
+        return await self.append(unit.encode(), timestamp) // UNIT_SIZE
+
+    async def read_units(self, queue_offset: int, count: int) -> list[ConsumeQueueUnit]:
+        """Up to ``count`` committed units from ``queue_offset``; NotFoundError below the min offset."""
+        if count <= 0:
+            return []
+        raw = await self.read(queue_offset * UNIT_SIZE, count * UNIT_SIZE)
+        if len(raw) % UNIT_SIZE:
+            raise CorruptRecordError(
+                f"consume queue returned {len(raw)} bytes, not whole units",
+                location=f"{self.path}/{FileType.CONSUME_QUEUE.value}",
+                offset=queue_offset * UNIT_SIZE,
+            )
+        return list(iter_units(raw))
+
+    async def read_unit(self, queue_offset: int) -> ConsumeQueueUnit:
+        units = await self.read_units(queue_offset, 1)
+        if not units:
+            raise CorruptRecordError(
+                f"no committed unit at queue offset {queue_offset}",
+                location=f"{self.path}/{FileType.CONSUME_QUEUE.value}",
+                offset=queue_offset * UNIT_SIZE,
+            )
+        return units[0]
+
+    async def find_queue_offset(self, timestamp: int, boundary: BoundaryType, timestamp_of: TimestampOf) -> int:
+        """Queue offset for a store time, by binary search over committed units.
+
+        LOWER: the smallest offset stored at or after ``timestamp`` (the commit offset if none is).
+        UPPER: the largest offset stored at or before ``timestamp`` (the min offset if none is).
+        """
+        low, high = self.min_queue_offset, self.commit_queue_offset
+        if low == high:
+            return low
+        if boundary is BoundaryType.LOWER:
+            # First offset whose time is >= timestamp.
+            while low < high:
+                middle = (low + high) // 2
+                if await timestamp_of(await self.read_unit(middle)) < timestamp:
+                    low = middle + 1
+                else:
+                    high = middle
+            return low
+        first = low
+        # First offset whose time is > timestamp, then step back one.
+        while low < high:
+            middle = (low + high) // 2
+            if await timestamp_of(await self.read_unit(middle)) <= timestamp:
+                low = middle + 1
+            else:
+                high = middle
+        return max(first, low - 1)

@@ -1,0 +1,347 @@
+"""FlatMessageFile: one queue in cold storage — its commit log and consume queue, committed in order.
+
+Commit order is commit log, then consume queue, then metadata (queue positions and segment sizes in
+one transaction with the optimistic version check). A queue's archived offset is its consume queue's
+commit offset: a message counts as archived only once both its unit and its bytes are durable.
+
+Recovery after a crash rebuilds both files from metadata, corrects their last segments' sizes from
+the provider, then restores the invariant "every durable unit points at durable bytes, and every
+durable commit-log byte is pointed at": a trailing partial unit is cut, units whose bytes did not
+survive are cut, and commit-log bytes no unit references are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tieredstore.errors import CorruptRecordError, StorageError, ValidationError
+from tieredstore.flat.append_file import Clock, wall_clock_ms
+from tieredstore.flat.commit_log import FlatCommitLogFile
+from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    POS_QUEUE_OFFSET,
+    rewrite_physical_offset,
+    store_timestamp_of,
+)
+from tieredstore.metadata import MetadataStore, QueuePosition, SegmentRecord
+from tieredstore.providers.base import Provider
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FlatFileSettings:
+    """Segment sizes, commit-log rolling and recovery concurrency (the ``[segments]`` config section)."""
+
+    commit_log_max_size: int = GIB
+    consume_queue_max_size: int = 100 * MIB
+    commit_log_rolling_interval: float = 24 * 3600.0  # seconds
+    commit_log_rolling_min_size: int = 16 * MIB
+    recovery_concurrency: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    """What recovering one queue found and changed."""
+
+    archived_offset: int
+    previous_archived_offset: int
+    dropped_units: int
+    orphan_bytes_removed: int
+    sizes_corrected: bool
+
+    @property
+    def changed(self) -> bool:
+        return (
+            self.sizes_corrected
+            or self.dropped_units > 0
+            or self.orphan_bytes_removed > 0
+            or self.archived_offset != self.previous_archived_offset
+        )
+
+
+_HEADER = struct.Struct(">iI")
+
+
+class FlatMessageFile:
+    """The cold files of one queue and its positions."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        metadata: MetadataStore,
+        path: str,
+        position: QueuePosition,
+        *,
+        settings: FlatFileSettings | None = None,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        settings = settings or FlatFileSettings()
+        self.topic = position.topic
+        self.queue_id = position.queue_id
+        self.path = path
+        self.metadata = metadata
+        self.clock = clock
+        self.commit_log = FlatCommitLogFile(
+            provider,
+            metadata,
+            path,
+            max_segment_size=settings.commit_log_max_size,
+            rolling_interval_ms=int(settings.commit_log_rolling_interval * 1000),
+            rolling_min_size=settings.commit_log_rolling_min_size,
+            clock=clock,
+        )
+        self.consume_queue = FlatConsumeQueueFile(
+            provider,
+            metadata,
+            path,
+            commit_log=self.commit_log,
+            max_segment_size=settings.consume_queue_max_size,
+            initial_queue_offset=position.max_offset,
+            clock=clock,
+        )
+        self._position = position
+        # Serialises commits, expiry and recovery: two concurrent records would race on one version.
+        self._commit_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"FlatMessageFile({self.topic}/{self.queue_id}, min={self.min_offset}, "
+            f"archived={self.archived_offset}, append={self.append_offset})"
+        )
+
+    # ---- positions -------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """The oldest queue offset still in cold storage."""
+        return self.consume_queue.min_queue_offset
+
+    @property
+    def archived_offset(self) -> int:
+        """The next queue offset to archive: every offset below it is durable in both files."""
+        return self.consume_queue.commit_queue_offset
+
+    @property
+    def append_offset(self) -> int:
+        """The next queue offset ``append`` expects (archived offset plus buffered messages)."""
+        return self.consume_queue.append_queue_offset
+
+    @property
+    def position(self) -> QueuePosition:
+        """The positions as last recorded in metadata."""
+        return self._position
+
+    @property
+    def has_pending(self) -> bool:
+        return self.commit_log.pending_bytes > 0 or self.consume_queue.pending_bytes > 0
+
+    # ---- the write path --------------------------------------------------------------------------
+
+    async def append(self, record: bytes, queue_offset: int, store_timestamp: int, tag_hash: int) -> int:
+        """Buffer one encoded message at ``queue_offset``; returns its offset in the cold commit log.
+
+        The record's PHYSICALOFFSET is rewritten to that offset; nothing is durable until ``commit``.
+        The first message of an empty queue may start at any offset; later ones must follow on.
+        """
+        if queue_offset < 0:
+            raise ValidationError(f"queue offset {queue_offset} must not be negative")
+        self._validate_record(record, queue_offset)
+        if self.consume_queue.is_empty:
+            if self.commit_log.pending_bytes or self.consume_queue.pending_bytes:
+                raise ValidationError(f"{self}: buffered bytes without a consume-queue segment")
+            self.consume_queue.reset_initial_queue_offset(queue_offset)
+        elif queue_offset != self.append_offset:
+            raise ValidationError(
+                f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {queue_offset}"
+            )
+        await self.commit_log.try_rolling(self.clock())
+        physical_offset = self.commit_log.append_offset
+        landed = await self.commit_log.append(rewrite_physical_offset(record, physical_offset), store_timestamp)
+        if landed != physical_offset:
+            raise StorageError(f"{self}: commit log appended at {landed}, expected {physical_offset}")
+        await self.consume_queue.append_unit(ConsumeQueueUnit(physical_offset, len(record), tag_hash), store_timestamp)
+        return physical_offset
+
+    def _validate_record(self, record: bytes, queue_offset: int) -> None:
+        if len(record) < MIN_RECORD_SIZE:
+            raise CorruptRecordError(f"a {len(record)}-byte record is shorter than any message")
+        total, magic = _HEADER.unpack_from(record, 0)
+        if magic not in (MAGIC_V1, MAGIC_V2):
+            raise CorruptRecordError(f"bad magic code 0x{magic:08x} in the record for queue offset {queue_offset}")
+        if total != len(record):
+            raise CorruptRecordError(f"record TOTALSIZE {total} but {len(record)} bytes were given")
+        (stored_offset,) = struct.unpack_from(">q", record, POS_QUEUE_OFFSET)
+        if stored_offset != queue_offset:
+            raise ValidationError(f"record holds queue offset {stored_offset}, appended as {queue_offset}")
+
+    async def commit(self) -> int:
+        """Commit the commit log, then the consume queue, then record positions; returns the archived offset.
+
+        A StorageError keeps every buffer for the next call; a metadata failure leaves the files
+        committed and the record is written by the next call (or corrected by recovery).
+        """
+        async with self._commit_lock:
+            await self.commit_log.commit()
+            await self.consume_queue.commit()
+            await self._record_positions()
+            return self.archived_offset
+
+    async def _record_positions(self, *, min_offset: int | None = None) -> None:
+        updates = [u for u in (self.commit_log.segment_update(), self.consume_queue.segment_update()) if u]
+        archived = self.archived_offset
+        if not updates and archived == self._position.max_offset and min_offset is None:
+            return
+        self._position = await asyncio.to_thread(
+            self.metadata.record_commit,
+            self.topic,
+            self.queue_id,
+            expected_version=self._position.version,
+            max_offset=archived,
+            min_offset=min_offset,
+            segments=updates,
+        )
+        for update in updates:
+            (self.commit_log if update.file_type == self.commit_log.file_type else self.consume_queue).mark_recorded(
+                update
+            )
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    async def read_units(self, queue_offset: int, count: int) -> list[ConsumeQueueUnit]:
+        """Up to ``count`` archived units from ``queue_offset``."""
+        return await self.consume_queue.read_units(queue_offset, count)
+
+    async def read_commit_log(self, offset: int, length: int) -> bytes:
+        return await self.commit_log.read(offset, length)
+
+    async def read_messages(self, queue_offset: int, count: int) -> list[bytes]:
+        """Up to ``count`` archived records from ``queue_offset``: one consume-queue and one commit-log read."""
+        units = await self.read_units(queue_offset, count)
+        if not units:
+            return []
+        start = units[0].commitlog_offset
+        end = units[-1].commitlog_offset + units[-1].size
+        raw = await self.read_commit_log(start, end - start)
+        records = []
+        for unit in units:
+            begin = unit.commitlog_offset - start
+            record = raw[begin : begin + unit.size]
+            if len(record) != unit.size:
+                break
+            records.append(record)
+        return records
+
+    async def store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
+        return await self.commit_log.store_timestamp_at(unit.commitlog_offset)
+
+    async def find_queue_offset(self, timestamp: int, boundary: BoundaryType = BoundaryType.LOWER) -> int:
+        """The queue offset for a store time (see ``FlatConsumeQueueFile.find_queue_offset``)."""
+        return await self.consume_queue.find_queue_offset(timestamp, boundary, self.store_timestamp_of)
+
+    # ---- expiry and removal ----------------------------------------------------------------------
+
+    async def destroy_expired(self, before_timestamp: int) -> int:
+        """Remove data older than ``before_timestamp``: consume queue first, then the commit-log bytes
+        no remaining unit references; records the new min offset. Returns segments removed."""
+        async with self._commit_lock:
+            return await self._destroy_expired(before_timestamp)
+
+    async def _destroy_expired(self, before_timestamp: int) -> int:
+        removed = await self.consume_queue.destroy_expired(before_timestamp)
+        limit: int | None = None
+        if self.archived_offset > self.min_offset:
+            limit = (await self.consume_queue.read_unit(self.min_offset)).commitlog_offset
+        removed += await self.commit_log.destroy_expired(before_timestamp, limit_offset=limit)
+        if removed:
+            await self._record_positions(min_offset=self.min_offset)
+        return removed
+
+    async def destroy(self) -> None:
+        """Delete both files from storage and their segment rows (the queue row is the caller's)."""
+        await self.consume_queue.destroy()
+        await self.commit_log.destroy()
+
+    # ---- recovery --------------------------------------------------------------------------------
+
+    async def recover(
+        self,
+        commit_log_records: Sequence[SegmentRecord] | None = None,
+        consume_queue_records: Sequence[SegmentRecord] | None = None,
+    ) -> RecoveryResult:
+        """Rebuild from metadata and storage after a restart; see the module docstring."""
+        async with self._commit_lock:
+            return await self._recover(commit_log_records, consume_queue_records)
+
+    async def _recover(
+        self,
+        commit_log_records: Sequence[SegmentRecord] | None,
+        consume_queue_records: Sequence[SegmentRecord] | None,
+    ) -> RecoveryResult:
+        corrected = await self.commit_log.recover(commit_log_records)
+        corrected = await self.consume_queue.recover(consume_queue_records) or corrected
+        if self.consume_queue.is_empty:
+            self.consume_queue.reset_initial_queue_offset(self._position.max_offset)
+        before_units = self.archived_offset
+
+        whole_units_end = self.consume_queue.commit_offset - self.consume_queue.commit_offset % UNIT_SIZE
+        if whole_units_end != self.consume_queue.commit_offset:
+            await self.consume_queue.truncate(whole_units_end)
+        durable_end = await self._last_unit_with_durable_bytes()
+        if durable_end < self.archived_offset:
+            await self.consume_queue.truncate(durable_end * UNIT_SIZE)
+        dropped = before_units - self.archived_offset
+
+        referenced_end = self.commit_log.min_offset
+        newest_timestamp: int | None = None
+        if self.archived_offset > self.min_offset:
+            last_unit = await self.consume_queue.read_unit(self.archived_offset - 1)
+            referenced_end = last_unit.commitlog_offset + last_unit.size
+            if corrected or dropped:
+                newest_timestamp = store_timestamp_of(await self.commit_log.record_head(last_unit.commitlog_offset))
+        orphans = max(0, self.commit_log.commit_offset - referenced_end)
+        if orphans or self.commit_log.pending_bytes:
+            await self.commit_log.truncate(max(referenced_end, self.commit_log.min_offset))
+        if newest_timestamp is not None:
+            for flat_file in (self.commit_log, self.consume_queue):
+                if flat_file.segments:
+                    flat_file.segments[-1].max_timestamp = newest_timestamp
+        previous = self._position.max_offset
+        await self._record_positions()
+        return RecoveryResult(
+            archived_offset=self.archived_offset,
+            previous_archived_offset=previous,
+            dropped_units=dropped,
+            orphan_bytes_removed=orphans,
+            sizes_corrected=corrected,
+        )
+
+    async def _last_unit_with_durable_bytes(self) -> int:
+        """One past the last queue offset whose unit's commit-log bytes are all durable."""
+        low, high = self.min_offset, self.archived_offset
+        if low == high:
+            return low
+        durable = self.commit_log.commit_offset
+
+        async def within(queue_offset: int) -> bool:
+            unit = await self.consume_queue.read_unit(queue_offset)
+            return unit.commitlog_offset + unit.size <= durable
+
+        if await within(high - 1):
+            return high
+        # Units point at increasing commit-log offsets: find the first one past the durable end.
+        while low < high:
+            middle = (low + high) // 2
+            if await within(middle):
+                low = middle + 1
+            else:
+                high = middle
+        return low

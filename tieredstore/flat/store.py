@@ -1,0 +1,170 @@
+"""FlatFileStore: every queue's FlatMessageFile, created on first use and recovered in parallel.
+
+A restart costs two metadata queries (all queues, all live segments) however many queues there are;
+then each queue corrects its last segments from the provider, at most ``recovery_concurrency``
+queues at once so a large broker does not open thousands of storage requests together. A queue
+whose recovery fails stays out of service (its error is kept) and is retried on next use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from tieredstore.errors import NotFoundError, TieredStoreError
+from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock, wall_clock_ms
+from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult
+from tieredstore.formats.naming import FileType, queue_path, validate_topic
+from tieredstore.metadata import MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
+from tieredstore.providers.base import Provider
+
+QueueKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """The outcome of ``FlatFileStore.recover``."""
+
+    recovered: int = 0
+    changed: dict[QueueKey, RecoveryResult] = field(default_factory=dict)
+    failed: dict[QueueKey, BaseException] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class FlatFileStore:
+    """All cold queues of one broker."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        metadata: MetadataStore,
+        *,
+        cluster: str,
+        broker: str,
+        settings: FlatFileSettings | None = None,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.provider = provider
+        self.metadata = metadata
+        self.cluster = cluster
+        self.broker = broker
+        self.settings = settings or FlatFileSettings()
+        self.clock = clock
+        self._files: dict[QueueKey, FlatMessageFile] = {}
+        self._failed: dict[QueueKey, BaseException] = {}
+        self._creating = asyncio.Lock()
+
+    def queue_path(self, topic: str, queue_id: int) -> str:
+        return queue_path(self.cluster, self.broker, topic, queue_id)
+
+    def _new_file(self, position: QueuePosition) -> FlatMessageFile:
+        return FlatMessageFile(
+            self.provider,
+            self.metadata,
+            self.queue_path(position.topic, position.queue_id),
+            position,
+            settings=self.settings,
+            clock=self.clock,
+        )
+
+    # ---- lookup and creation ---------------------------------------------------------------------
+
+    def get(self, topic: str, queue_id: int) -> FlatMessageFile:
+        """The loaded queue; NotFoundError if it was never created or has not been recovered."""
+        found = self._files.get((topic, queue_id))
+        if found is None:
+            raise NotFoundError(f"cold queue {topic}/{queue_id} is not loaded")
+        return found
+
+    def files(self) -> list[FlatMessageFile]:
+        return list(self._files.values())
+
+    @property
+    def failed(self) -> dict[QueueKey, BaseException]:
+        """Queues whose last recovery failed, with the error."""
+        return dict(self._failed)
+
+    async def get_or_create(self, topic: str, queue_id: int) -> FlatMessageFile:
+        """The queue's flat file: loaded, recovered from metadata if it exists there, or created."""
+        found = self._files.get((topic, queue_id))
+        if found is not None:
+            return found
+        validate_topic(topic)
+        async with self._creating:
+            found = self._files.get((topic, queue_id))
+            if found is not None:
+                return found
+            position = await asyncio.to_thread(self.metadata.get_or_create_queue, topic, queue_id)
+            flat_file = self._new_file(position)
+            await flat_file.recover()
+            self._failed.pop((topic, queue_id), None)
+            self._files[(topic, queue_id)] = flat_file
+            return flat_file
+
+    # ---- recovery --------------------------------------------------------------------------------
+
+    async def recover(self) -> RecoveryReport:
+        """Load every queue the metadata knows (not loaded yet), correcting each from storage."""
+        started = time.perf_counter()
+        queues, segments = await asyncio.gather(
+            asyncio.to_thread(self.metadata.list_queues),
+            asyncio.to_thread(self.metadata.list_all_segments, statuses=RECOVERABLE_STATUSES),
+        )
+        report = RecoveryReport()
+        limit = asyncio.Semaphore(self.settings.recovery_concurrency)
+
+        async def recover_one(position: QueuePosition) -> None:
+            key = (position.topic, position.queue_id)
+            path = self.queue_path(*key)
+            flat_file = self._new_file(position)
+            async with limit:
+                try:
+                    result = await flat_file.recover(
+                        _records(segments, path, FileType.COMMIT_LOG),
+                        _records(segments, path, FileType.CONSUME_QUEUE),
+                    )
+                except TieredStoreError as error:
+                    report.failed[key] = error
+                    self._failed[key] = error
+                    return
+            self._failed.pop(key, None)
+            self._files[key] = flat_file
+            report.recovered += 1
+            if result.changed:
+                report.changed[key] = result
+
+        await asyncio.gather(*(recover_one(p) for p in queues if (p.topic, p.queue_id) not in self._files))
+        report.seconds = time.perf_counter() - started
+        return report
+
+    # ---- whole-store operations ------------------------------------------------------------------
+
+    async def commit_all(self) -> None:
+        """Commit every queue with buffered data (at most ``recovery_concurrency`` at once)."""
+        limit = asyncio.Semaphore(self.settings.recovery_concurrency)
+
+        async def commit_one(flat_file: FlatMessageFile) -> None:
+            async with limit:
+                await flat_file.commit()
+
+        await asyncio.gather(*(commit_one(f) for f in self._files.values() if f.has_pending))
+
+    async def destroy_topic(self, topic: str) -> None:
+        """Delete a topic's cold data (objects first), then its rows."""
+        queues = await asyncio.to_thread(self.metadata.list_queues, topic)
+        for position in queues:
+            key = (position.topic, position.queue_id)
+            flat_file = self._files.pop(key, None) or self._new_file(position)
+            if not flat_file.commit_log.segments and not flat_file.consume_queue.segments:
+                await flat_file.commit_log.recover()
+                await flat_file.consume_queue.recover()
+            await flat_file.destroy()
+            self._failed.pop(key, None)
+        await asyncio.to_thread(self.metadata.delete_topic, topic)
+
+
+def _records(
+    grouped: dict[tuple[str, SegmentFileType], list[SegmentRecord]], path: str, file_type: FileType
+) -> list[SegmentRecord]:
+    return grouped.get((path, SegmentFileType(file_type.value)), [])
