@@ -167,8 +167,9 @@ class CommitLog:
                 return
             local = offset - file.start_offset
             if file.size - local < BLANK_HEADER.size:
-                offset = file.end_offset
-                continue
+                # Every writer leaves room for a blank header, so a shorter remainder is a cut-off file.
+                yield ScanStop(offset, f"file ends {file.size - local} bytes after the last record, without a blank")
+                return
             size, magic = BLANK_HEADER.unpack_from(file.buffer, local)
             if size == 0 and magic == 0:
                 yield ScanStop(offset, None)
@@ -201,6 +202,10 @@ class CommitLog:
             file.delete()
         if removed:
             fsync_directory(self.directory)
+        last = self.files[-1] if self.files else None
+        if last is not None and last.end_offset <= valid_end + END_FILE_MIN_BLANK_LENGTH:
+            # A file cut short (by a crash or by hand) gets its full size back so appends can continue.
+            last.grow(max(self._new_file_size, valid_end - last.start_offset + END_FILE_MIN_BLANK_LENGTH))
         file = self.file_for(valid_end)
         if file is not None:
             cleared = file.zero_from(valid_end - file.start_offset)

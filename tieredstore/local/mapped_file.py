@@ -83,6 +83,16 @@ class MappedFile:
                 raise
         self._allocated_upto = end
 
+    def grow(self, size: int) -> None:
+        """Extend the file to ``size`` bytes (zeros) and map it again."""
+        if size <= self.size:
+            return
+        self._map.close()
+        os.ftruncate(self._fd, size)
+        self.size = size
+        self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE)
+        self._allocated_upto = 0
+
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """msync the bytes in ``[start, end)`` (whole file by default) to disk."""
         if not self.writable:

@@ -282,6 +282,8 @@ class LocalMessageStore:
                 break
             offset, size, record = item
             problem = self._unacceptable(record, allow_rebase=self.read_only or start == log_.min_offset)
+            if problem is None and not self.read_only:
+                problem = self._torn_properties(offset, size, record)
             if problem is not None:
                 stop = ScanStop(offset, problem)
                 break
@@ -329,6 +331,30 @@ class LocalMessageStore:
         expected = queue.max_offset if queue is not None else 0
         if record.queue_offset != expected and not (allow_rebase and (queue is None or queue.max_offset == 0)):
             return f"record has queue offset {record.queue_offset}, its queue expects {expected}"
+        return None
+
+    def _torn_properties(self, offset: int, size: int, record: MessageRecord) -> str | None:
+        """Our writer ends every property block in 0x02; a zeroed tail (a torn page) would not.
+
+        Properties are outside the body CRC, so without this a record whose last page never reached
+        the disk would be served with its KEYS and TAGS silently gone.
+        """
+        file = self._commit_log.file_for(offset)
+        assert file is not None
+        local = offset - file.start_offset
+        props_len_at = (
+            POS_BORN_HOST
+            + (20 if record.born_host.is_ipv6 else 8)
+            + 8
+            + (20 if record.store_host.is_ipv6 else 8)
+            + 16
+            + len(record.body)
+            + (2 if record.magic == MAGIC_V2 else 1)
+            + len(record.topic.encode("utf-8"))
+        )
+        (props_len,) = struct.unpack_from(">h", file.buffer, local + props_len_at)
+        if props_len and file.buffer[local + size - 1] != 0x02:
+            return "record's properties do not end in the 0x02 separator (a torn tail)"
         return None
 
     def _clean_end_is_consistent(self, end: int, data_end: int) -> bool:
