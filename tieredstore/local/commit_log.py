@@ -203,13 +203,13 @@ class CommitLog:
         if removed:
             fsync_directory(self.directory)
         last = self.files[-1] if self.files else None
-        if last is not None and last.end_offset <= valid_end + END_FILE_MIN_BLANK_LENGTH:
+        if last is not None and 0 < last.end_offset - valid_end < END_FILE_MIN_BLANK_LENGTH:
             # A file cut short (by a crash or by hand) gets its full size back so appends can continue.
             last.grow(max(self._new_file_size, valid_end - last.start_offset + END_FILE_MIN_BLANK_LENGTH))
-        file = self.file_for(valid_end)
-        if file is not None:
-            cleared = file.zero_from(valid_end - file.start_offset)
-            file.flush()
+        holder = self.file_for(valid_end)
+        if holder is not None:
+            cleared = holder.zero_from(valid_end - holder.start_offset)
+            holder.flush()
         self.write_offset = self.flushed_offset = valid_end
         return cleared, removed
 

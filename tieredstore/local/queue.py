@@ -82,7 +82,7 @@ class ConsumeQueue:
 
     @staticmethod
     def _is_empty_at(file: MappedFile, position: int) -> bool:
-        return _UNIT.unpack_from(file.buffer, position)[1] == 0
+        return bool(_UNIT.unpack_from(file.buffer, position)[1] == 0)
 
     def _locate(self, queue_offset: int) -> tuple[MappedFile, int]:
         byte_offset = queue_offset * UNIT_SIZE
@@ -128,9 +128,13 @@ class ConsumeQueue:
     def commitlog_position_at(self, queue_offset: int) -> tuple[int, int]:
         """(commit-log offset, size) of a unit without building the dataclass; for binary searches."""
         if queue_offset >= self._memory_base and not self.writable:
-            return _OFFSET_AND_SIZE.unpack_from(self._memory_units, (queue_offset - self._memory_base) * UNIT_SIZE)  # type: ignore[return-value]
-        file, position = self._locate(queue_offset)
-        return _OFFSET_AND_SIZE.unpack_from(file.buffer, position)  # type: ignore[return-value]
+            offset, size = _OFFSET_AND_SIZE.unpack_from(
+                self._memory_units, (queue_offset - self._memory_base) * UNIT_SIZE
+            )
+        else:
+            file, position = self._locate(queue_offset)
+            offset, size = _OFFSET_AND_SIZE.unpack_from(file.buffer, position)
+        return int(offset), int(size)
 
     def lower_bound(self, commitlog_offset: int) -> int:
         """The first queue offset whose unit lies at or after ``commitlog_offset`` (max_offset if none)."""

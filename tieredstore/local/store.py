@@ -295,7 +295,7 @@ class LocalMessageStore:
                 break
             self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
             scanned += 1
-        cleared, removed = 0, []
+        cleared, removed = 0, list[str]()
         if self.read_only:
             log_.write_offset = log_.flushed_offset = stop.offset
         else:
@@ -316,7 +316,7 @@ class LocalMessageStore:
             seconds=time.monotonic() - started,
         )
         if report.repaired:
-            log.warning("hot store repaired", **{k: getattr(report, k) for k in report.__slots__})  # type: ignore[attr-defined]
+            log.warning("hot store repaired", **{k: getattr(report, k) for k in report.__slots__})
         return report
 
     def _unacceptable(self, record: MessageRecord, *, allow_rebase: bool) -> str | None:
