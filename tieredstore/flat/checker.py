@@ -180,14 +180,15 @@ def _check_unit(
             f"the unit needs {unit.size} bytes, {len(record_bytes)} are durable",
         )
         return
+    total = int.from_bytes(record_bytes[:4], "big", signed=True)
+    if total != unit.size:
+        report(ProblemKind.SIZE_MISMATCH, queue_offset, cl_offset, f"unit size {unit.size}, record size {total}")
+        return
     try:
         record = decode(record_bytes, location=f"{flat_file.path}/COMMIT_LOG")
     except CorruptRecordError as error:
         report(ProblemKind.CORRUPT_RECORD, queue_offset, cl_offset, str(error))
         return
-    total = int.from_bytes(record_bytes[:4], "big", signed=True)
-    if total != unit.size:
-        report(ProblemKind.SIZE_MISMATCH, queue_offset, cl_offset, f"unit size {unit.size}, record size {total}")
     if record.queue_offset != queue_offset:
         report(ProblemKind.QUEUE_OFFSET_MISMATCH, queue_offset, cl_offset, f"record says {record.queue_offset}")
     if record.physical_offset != cl_offset:
