@@ -102,7 +102,7 @@ async def _archive_then_crash(backend: ProviderBackend, metadata_url: str, scena
         with pytest.raises(SimulatedCrash):
             await queue.commit()
     if scenario.roll_commit_log:
-        assert len(queue.commit_log.segments) == 2  # the lost batch went to a segment of its own
+        assert len(queue.commit_log.segments) >= 2  # the lost batch went to segments of its own
     metadata.close()
     return hot
 
