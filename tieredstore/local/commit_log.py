@@ -48,6 +48,8 @@ class CommitLog:
         self.files: list[MappedFile] = []
         self.write_offset = 0
         self.flushed_offset = 0
+        # Logical offset below which every byte has a file and reserved disk blocks: puts below it skip prepare().
+        self._reserved_upto = 0
 
     @classmethod
     def load(cls, directory: Path, *, file_size: int, writable: bool) -> CommitLog:
@@ -106,6 +108,8 @@ class CommitLog:
     def prepare(self, plan: AppendPlan) -> None:
         """Create and reserve disk for every file the plan writes into; StoreFullError leaves data untouched."""
         target = plan.end_offset
+        if target + END_FILE_MIN_BLANK_LENGTH <= self._reserved_upto:
+            return
         while not self.files or self.files[-1].end_offset <= target:
             start = self.files[-1].end_offset if self.files else self.write_offset
             self._add_file(start)
@@ -114,6 +118,8 @@ class CommitLog:
                 continue
             begin = max(self.write_offset, file.start_offset) - file.start_offset
             file.reserve(begin, min(target + END_FILE_MIN_BLANK_LENGTH, file.end_offset) - file.start_offset)
+        last = self.files[-1]
+        self._reserved_upto = last.start_offset + last.allocated_upto
 
     def _add_file(self, start: int) -> None:
         path = self.directory / hot_file_name(start)
@@ -211,6 +217,7 @@ class CommitLog:
             cleared = holder.zero_from(valid_end - holder.start_offset)
             holder.flush()
         self.write_offset = self.flushed_offset = valid_end
+        self._reserved_upto = 0
         return cleared, removed
 
     def delete_first_file(self) -> MappedFile:

@@ -47,7 +47,7 @@ class Flusher:
         self._condition = threading.Condition()
         self._requested = 0
         self._stopping = False
-        self._failure: OSError | None = None
+        self._failure: OSError | ValueError | None = None
         self.stats = FlushStats()
         self._thread = threading.Thread(target=self._run, name="tieredstore-hot-flush", daemon=True)
 
@@ -87,7 +87,7 @@ class Flusher:
                     self.stats.periodic_flushes += 1
                     next_periodic = time.monotonic() + self._interval
                 self._failure = None
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: an mmap closed under us
                 log.error("hot store flush failed", error=str(exc))
                 self._failure = exc
             with self._condition:

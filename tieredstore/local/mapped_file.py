@@ -58,6 +58,11 @@ class MappedFile:
         return self.start_offset + self.size
 
     @property
+    def allocated_upto(self) -> int:
+        """Bytes from the file start known to have disk blocks reserved by this process."""
+        return self._allocated_upto
+
+    @property
     def buffer(self) -> mmap.mmap:
         """The mapping itself, for zero-copy struct reads; callers must not keep it past close()."""
         return self._map

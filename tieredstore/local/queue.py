@@ -171,6 +171,8 @@ class ConsumeQueue:
     def prepare(self, count: int) -> None:
         """Create and reserve disk for the next ``count`` units, so appending them cannot fail half-way."""
         end_byte = (self.max_offset + count) * UNIT_SIZE
+        if self._files and end_byte <= self._files[-1].start_offset + self._files[-1].allocated_upto:
+            return
         while not self._files or self._files[-1].end_offset < end_byte:
             self._add_file(self.max_offset * UNIT_SIZE)
         start_byte = self.max_offset * UNIT_SIZE

@@ -714,11 +714,11 @@ class LocalMessageStore:
                 break
             if not self._fully_archived(file.end_offset, archived_offset):
                 break
-            with self._put_lock:
+            with self._put_lock, self._flush_lock:
                 log_.delete_first_file()
             removed.append(file.path.name)
         queue_files = 0
-        with self._put_lock:
+        with self._put_lock, self._flush_lock:
             for queue in self._queues.values():
                 queue_files += queue.delete_files_below(log_.min_offset)
             self._unit_count = sum(q.max_offset - q.min_offset for q in self._queues.values())
