@@ -1,0 +1,126 @@
+"""The composition root: turn a TieredStoreConfig into the opened parts of one tieredstore node.
+
+Every entry point (``tieredstore run``, the CLI, TieredMessageStore, Spark planning) builds its parts
+here, so the mapping from config sections to constructor arguments exists once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tieredstore.config import TieredStoreConfig
+from tieredstore.flat.message_file import FlatFileSettings
+from tieredstore.flat.store import FlatFileStore
+from tieredstore.index import IndexService
+from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.store import LocalMessageStore
+from tieredstore.metadata import MetadataStore
+from tieredstore.metrics import Metrics
+from tieredstore.providers.base import Provider
+from tieredstore.providers.registry import open_provider, url_scheme
+
+
+def local_store_config(config: TieredStoreConfig) -> LocalStoreConfig:
+    hot = config.hot
+    return LocalStoreConfig(
+        commit_log_file_size=hot.commit_log_file_size,
+        consume_queue_units_per_file=hot.consume_queue_units_per_file,
+        max_message_size=hot.max_message_size,
+        max_queues_per_topic=hot.max_queues_per_topic,
+        flush_mode=hot.flush_mode,
+        flush_interval=hot.flush_interval,
+        hot_retention_hours=hot.hot_retention_hours,
+        hot_disk_high_watermark=hot.hot_disk_high_watermark,
+    )
+
+
+def flat_file_settings(config: TieredStoreConfig) -> FlatFileSettings:
+    segments = config.segments
+    return FlatFileSettings(
+        commit_log_max_size=segments.commit_log_max_size,
+        consume_queue_max_size=segments.consume_queue_max_size,
+        commit_log_rolling_interval=segments.commit_log_rolling_interval,
+        commit_log_rolling_min_size=segments.commit_log_rolling_min_size,
+    )
+
+
+def provider_options(config: TieredStoreConfig) -> dict[str, Any]:
+    """Constructor options for the cold URL's provider: S3 settings for s3://, none otherwise."""
+    return config.s3_options() if url_scheme(config.effective_cold_url) == "s3" else {}
+
+
+def open_cold_provider(config: TieredStoreConfig) -> Provider:
+    return open_provider(config.effective_cold_url, **provider_options(config))
+
+
+def open_hot_store(config: TieredStoreConfig, *, read_only: bool = False) -> LocalMessageStore:
+    return LocalMessageStore(config.hot_dir, config=local_store_config(config), read_only=read_only)
+
+
+@dataclass
+class Runtime:
+    """The opened parts of one node. ``hot`` is None when the caller asked for the cold side only."""
+
+    config: TieredStoreConfig
+    metadata: MetadataStore
+    provider: Provider
+    flat: FlatFileStore
+    index: IndexService
+    metrics: Metrics
+    hot: LocalMessageStore | None
+
+
+@asynccontextmanager
+async def open_runtime(
+    config: TieredStoreConfig,
+    *,
+    hot: bool = True,
+    create_metadata: bool = True,
+    recover: bool = True,
+    metrics: Metrics | None = None,
+) -> AsyncIterator[Runtime]:
+    """Open metadata, the cold provider, the flat file store, the key index and (``hot``) the hot store.
+
+    ``recover`` loads and corrects every queue the metadata knows before yielding. Everything is
+    closed in reverse order on exit, also when opening a later part fails.
+    """
+    async with AsyncExitStack() as stack:
+        metadata = await asyncio.to_thread(MetadataStore.open, config.effective_metadata_url, create=create_metadata)
+        stack.callback(metadata.close)
+        provider = open_cold_provider(config)
+        stack.push_async_callback(provider.close)
+        hot_store: LocalMessageStore | None = None
+        if hot:
+            hot_store = await asyncio.to_thread(open_hot_store, config)
+            stack.callback(hot_store.close)
+        flat = FlatFileStore(
+            provider,
+            metadata,
+            cluster=config.cluster,
+            broker=config.broker,
+            settings=flat_file_settings(config),
+        )
+        if recover:
+            await flat.recover()
+        index = IndexService(
+            config.data_dir / "index",
+            provider,
+            cluster=config.cluster,
+            broker=config.broker,
+            settings=config.index,
+        )
+        await index.start()
+        stack.push_async_callback(index.close)
+        yield Runtime(
+            config=config,
+            metadata=metadata,
+            provider=provider,
+            flat=flat,
+            index=index,
+            metrics=metrics or Metrics(),
+            hot=hot_store,
+        )
