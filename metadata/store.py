@@ -13,9 +13,10 @@ another writer got there first.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, delete, inspect, or_, select, update
@@ -197,6 +198,10 @@ class MetadataStore:
             if engine is None:
                 self._engine.dispose()
             raise
+        # An in-memory database is one shared connection: threads (asyncio.to_thread callers) take turns.
+        self._serial: AbstractContextManager[object] = (
+            threading.RLock() if is_sqlite_memory(self._engine.url) else nullcontext()
+        )
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(self._engine.execution_options(**{IMMEDIATE_OPTION: True}), expire_on_commit=False)
 
@@ -262,12 +267,12 @@ class MetadataStore:
 
     @contextmanager
     def _writing(self, action: str) -> Iterator[Session]:
-        with self._translate(action), self._write.begin() as session:
+        with self._serial, self._translate(action), self._write.begin() as session:
             yield session
 
     @contextmanager
     def _reading(self, action: str) -> Iterator[Session]:
-        with self._translate(action), self._read.begin() as session:
+        with self._serial, self._translate(action), self._read.begin() as session:
             yield session
 
     # ---- topics ----------------------------------------------------------------------------------

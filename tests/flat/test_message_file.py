@@ -176,3 +176,13 @@ async def test_store_recovery_on_postgres(memory_provider: MemoryProvider, postg
         restarted = new_store(MemoryProvider(memory_provider.url), metadata)
         assert (await restarted.recover()).recovered == 1
         assert await check_queue_invariant(restarted.get(TOPIC, 0), reference=hot) == []
+
+
+async def test_in_memory_metadata_serves_concurrent_queues(memory_provider: MemoryProvider) -> None:
+    with MetadataStore.open("sqlite://") as metadata:
+        store = new_store(memory_provider, metadata)
+        queues = await asyncio.gather(*(store.get_or_create(TOPIC, queue_id) for queue_id in range(8)))
+        for queue in queues:
+            await append_range(queue, 0, 5)
+        assert await asyncio.gather(*(queue.commit() for queue in queues)) == [5] * 8
+        assert [q.max_offset for q in metadata.list_queues(TOPIC)] == [5] * 8
