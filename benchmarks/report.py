@@ -212,6 +212,7 @@ def draw_series(document: dict[str, Any], plots_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     written = []
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -221,8 +222,11 @@ def draw_series(document: dict[str, Any], plots_dir: Path) -> list[Path]:
             axes.plot(series["x"], ys, marker="o", label=label)
         if series.get("log_x"):
             axes.set_xscale("log", base=2)
+            axes.xaxis.set_major_formatter(ScalarFormatter())
+            axes.set_xticks(series["x"])
         if series.get("log_y"):
             axes.set_yscale("log")
+            axes.yaxis.set_major_formatter(ScalarFormatter())
         axes.set_xlabel(series["x_label"])
         axes.set_ylabel(series["y_label"])
         quick = " (quick run)" if document.get("quick") else ""

@@ -212,6 +212,7 @@ def hot_store_put(ctx: BenchmarkContext) -> None:
         lines={
             "put_message, sync flush": sync_rates,
             "raw append + fsync per message": [fsync_each_rate] * len(producer_counts),
+            "target: 10x raw fsync per message": [10 * fsync_each_rate] * len(producer_counts),
         },
         log_x=True,
         log_y=True,
