@@ -163,6 +163,9 @@ class ConsumeQueue:
         if not self._files or byte_offset >= self._files[-1].end_offset:
             self._add_file(byte_offset)
         file = self._files[-1]
+        if byte_offset < file.start_offset:
+            # prepare() of a batch that crosses a file boundary has created the next file already.
+            file, _ = self._locate(queue_offset)
         position = byte_offset - file.start_offset
         file.reserve(position, position + UNIT_SIZE)
         _UNIT.pack_into(file.buffer, position, unit.commitlog_offset, unit.size, unit.tag_hash)

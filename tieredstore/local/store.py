@@ -548,6 +548,97 @@ class LocalMessageStore:
             self._flusher.wait_durable(plan.end_offset)
         return results
 
+    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes]) -> list[PutResult]:
+        """Append archived records at the queue offsets they carry: a restore from cold storage.
+
+        The first record must carry the queue's max offset, or any offset when the queue has never
+        held a message (a fresh node keeps the offsets consumers committed); the others follow on one
+        by one. Every byte is kept except PHYSICALOFFSET, which becomes where the record lands here,
+        so store timestamps, hosts and properties survive. Every record is decoded (CRC included) and
+        checked before anything is written; a record that breaks a rule fails the whole call.
+        """
+        validate_topic(topic)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+            raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
+        if queue_id >= self.config.max_queues_per_topic:
+            limit = self.config.max_queues_per_topic
+            raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
+        if self.read_only:
+            raise ValidationError(f"{self.root} is open read-only; restores are refused")
+        if self._closed:
+            raise ValidationError("the hot store is closed")
+        if not records:
+            return []
+        decoded = [self._restorable(topic, queue_id, bytes(raw)) for raw in records]
+        first = decoded[0][1].queue_offset
+        for index, (_, record) in enumerate(decoded):
+            if record.queue_offset != first + index:
+                raise ValidationError(
+                    f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
+                    f"{record.queue_offset} follows {first + index - 1}"
+                )
+        with self._put_lock:
+            self._check_disk(sum(len(raw) for raw, _ in decoded) + UNIT_SIZE * len(decoded))
+            queue = self._queue(topic, queue_id)
+            if queue.max_offset != first and not (queue.max_offset == 0 and queue.min_offset == 0):
+                raise ValidationError(
+                    f"queue {topic}/{queue_id} holds offsets up to {queue.max_offset}; "
+                    f"a restore must continue there, not at {first}"
+                )
+            if queue.max_offset != first:
+                # A queue that never held a message is rebased by its first unit, which must come before
+                # any reservation: reserving would create its files at offset 0.
+                results = self._restore_locked(queue, decoded[:1], reserve_units=False)
+                return results + self._restore_locked(queue, decoded[1:], reserve_units=True)
+            return self._restore_locked(queue, decoded, reserve_units=True)
+
+    def _restorable(self, topic: str, queue_id: int, raw: bytes) -> tuple[bytes, MessageRecord]:
+        record = decode(raw, location=f"restored record of {topic}/{queue_id}")
+        if record.topic != topic or record.queue_id != queue_id:
+            raise ValidationError(
+                f"a record of {record.topic}/{record.queue_id} cannot be restored into {topic}/{queue_id}"
+            )
+        (total,) = struct.unpack_from(">i", raw, 0)
+        if total != len(raw):
+            raise CorruptRecordError(f"record TOTALSIZE {total} but {len(raw)} bytes were given")
+        if len(record.body) > self.config.max_message_size:
+            raise MessageTooLargeError(
+                f"restored body is {len(record.body)} bytes; max_message_size is {self.config.max_message_size}"
+            )
+        return raw, record
+
+    def _restore_locked(
+        self, queue: ConsumeQueue, batch: Sequence[tuple[bytes, MessageRecord]], *, reserve_units: bool
+    ) -> list[PutResult]:
+        if not batch:
+            return []
+        sizes = [len(raw) for raw, _ in batch]
+        log_ = self._commit_log
+        self._check_disk(sum(sizes) + UNIT_SIZE * len(batch))
+        plan = log_.plan(sizes)
+        log_.prepare(plan)
+        if reserve_units:
+            queue.prepare(len(batch))
+        for blank_offset, blank_size in plan.blanks:
+            log_.write_blank(blank_offset, blank_size)
+        units: list[tuple[int, ConsumeQueueUnit]] = []
+        results: list[PutResult] = []
+        for (raw, record), offset, size in zip(batch, plan.positions, sizes, strict=True):
+            file = log_.write(offset, raw)
+            _OFFSET.pack_into(file.buffer, offset - file.start_offset + POS_PHYSICAL_OFFSET, offset)
+            units.append((record.queue_offset, ConsumeQueueUnit(offset, size, tag_hash(record.tags))))
+            results.append(
+                PutResult(queue.topic, queue.queue_id, record.queue_offset, offset, size, record.store_timestamp)
+            )
+            self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
+        # As in _put: records are published before the units that point at them.
+        log_.write_offset = plan.end_offset
+        for queue_offset, unit in units:
+            queue.append(unit, queue_offset)
+        self._dispatched_offset = plan.end_offset
+        self._unit_count += len(batch)
+        return results
+
     def _check_disk(self, incoming: int) -> None:
         cap = self.config.hot_disk_max_bytes
         if cap is not None:
