@@ -1,0 +1,182 @@
+"""The dispatcher: flush triggers, batch bounds, concurrency, failures, lost ranges, start offsets, key index."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.archiver.helpers import Archive, PathFaultProvider
+from tieredstore.flat import FlatFileStore
+from tieredstore.providers.testing import FaultPlan, FaultyProvider
+
+ALWAYS = 10**9
+
+
+async def test_count_trigger_flushes_full_batches_and_goes_again_at_once(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_count=10, group_commit_timeout=3600)
+    archive.put("Orders", 0, 9)
+    assert await dispatcher.scan() == 0
+    archive.put("Orders", 0, 16)
+    # 25 pending: one scan commits two full batches back to back and leaves the 5 below the threshold.
+    assert await dispatcher.scan() == 20
+    assert archive.archived("Orders", 0) == 20
+    assert dispatcher.stats.commits == 2
+    assert await dispatcher.scan(force=True) == 5
+    assert archive.archived("Orders", 0) == 25
+    assert await archive.check("Orders", 0) == []
+
+
+async def test_timeout_trigger_waits_for_the_oldest_pending_message(archive: Archive) -> None:
+    now = [time.time_ns() // 1_000_000]
+    dispatcher = archive.dispatcher(group_commit_count=4096, group_commit_timeout=30)
+    dispatcher.clock_ms = lambda: now[0]
+    archive.put("Orders", 1, 3)
+    assert await dispatcher.scan() == 0
+    now[0] += 29_000
+    assert await dispatcher.scan() == 0
+    now[0] += 2_000
+    assert await dispatcher.scan() == 3
+    assert archive.archived("Orders", 1) == 3
+
+
+async def test_a_message_larger_than_the_batch_size_is_archived_alone(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_size=4096, group_commit_count=100, group_commit_timeout=0)
+    archive.put("Big", 0, 2, size=100)
+    archive.put("Big", 0, 1, size=200_000)
+    archive.put("Big", 0, 2, size=100)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Big", 0) == 5
+    # two small ones, the big one by itself, then the last two
+    assert dispatcher.stats.commits == 3
+    assert await archive.check("Big", 0) == []
+
+
+async def test_concurrency_across_queues_is_bounded(archive: Archive) -> None:
+    plan = FaultPlan(commit_delay=0.02)
+    archive.flat = FlatFileStore(FaultyProvider(archive.provider, plan), archive.metadata, cluster="T", broker="b")
+    for queue_id in range(8):
+        archive.put("Wide", queue_id, 30)
+    dispatcher = archive.dispatcher(group_commit_count=10, max_pending_commits=3, group_commit_timeout=0)
+    await dispatcher.run_once()
+    assert plan.max_commits_in_flight == 3, "the storage saw as many commits at once as allowed, never more"
+    for queue_id in range(8):
+        assert archive.flat.get("Wide", queue_id).archived_offset == 30
+
+
+async def test_a_queue_whose_storage_keeps_failing_does_not_block_the_others(archive: Archive) -> None:
+    broken = FaultPlan(fail_before_landing=ALWAYS)
+    provider = PathFaultProvider(archive.provider, {"Broken": broken})
+    archive.flat = FlatFileStore(provider, archive.metadata, cluster="T", broker="b")
+    dispatcher = archive.dispatcher(
+        group_commit_count=5, group_commit_timeout=0, retry_initial_backoff=0.01, retry_max_backoff=0.05
+    )
+    archive.put("Broken", 0, 12)
+    archive.put("Healthy", 0, 12)
+    archive.put("Healthy", 1, 12)
+    result = await asyncio.wait_for(dispatcher.run_once(max_attempts=3), timeout=10)
+    assert set(result.failed) == {("Broken", 0)}
+    assert "injected failure" in result.failed[("Broken", 0)]
+    assert archive.archived("Healthy", 0) == 12 and archive.archived("Healthy", 1) == 12
+    assert archive.archived("Broken", 0) == 0
+    failures = archive.metrics.registry.get_sample_value("tieredstore_commit_failures_total", {"topic": "Broken"})
+    assert failures is not None and failures >= 3
+    assert archive.metrics.registry.get_sample_value("tieredstore_cold_storage_up") == 0
+
+    broken.fail_before_landing = 0  # storage comes back: the kept buffer is committed, nothing twice
+    await asyncio.sleep(0.1)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Broken", 0) == 12
+    assert await archive.check("Broken", 0) == []
+
+
+async def test_a_lost_reply_is_not_archived_twice(archive: Archive) -> None:
+    plan = FaultPlan(fail_after_landing=3)
+    archive.flat = FlatFileStore(FaultyProvider(archive.provider, plan), archive.metadata, cluster="T", broker="b")
+    dispatcher = archive.dispatcher(group_commit_count=4, group_commit_timeout=0, retry_initial_backoff=0.01)
+    archive.put("Orders", 0, 10)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Orders", 0) == 10
+    assert await archive.check("Orders", 0) == []
+
+
+async def test_a_range_the_hot_store_dropped_is_reported_and_skipped(archive: Archive) -> None:
+    # The queue was registered at offset 0, then the hot store lost its first files before any archive.
+    archive.put("Lossy", 0, 60, size=40_000)  # ~25 records per 1 MiB hot file
+    archive.put("Other", 0, 5)
+    archive.metadata.get_or_create_queue("Lossy", 0, start_offset=0)
+    archive.hot.delete_expired(lambda topic, queue_id: 1 << 40, now_ms=1 << 60)
+    hot_min = archive.hot.min_offset("Lossy", 0)
+    assert hot_min > 0
+    dispatcher = archive.dispatcher(group_commit_timeout=0)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Lossy", 0) == 60
+    assert archive.flat.get("Lossy", 0).min_offset == hot_min
+    lost = archive.metrics.registry.get_sample_value("tieredstore_lost_messages_total", {"topic": "Lossy"})
+    assert lost == hot_min
+    assert dispatcher.stats.lost_messages == hot_min
+    assert await archive.check("Lossy", 0) == []
+    assert archive.archived("Other", 0) == 5
+
+
+@pytest.mark.parametrize("start_from", ["earliest", "latest", "timestamp"])
+async def test_start_from_on_first_sight_of_a_queue(archive: Archive, start_from: str) -> None:
+    archive.put("Fresh", 0, 4)
+    await asyncio.sleep(0.005)
+    boundary = time.time_ns() // 1_000_000
+    await asyncio.sleep(0.005)
+    archive.put("Fresh", 0, 3)
+    setting = str(boundary) if start_from == "timestamp" else start_from
+    dispatcher = archive.dispatcher(start_from=setting, group_commit_timeout=0)
+    await dispatcher.run_once()
+    archive.put("Fresh", 0, 2)
+    await dispatcher.run_once()
+    flat_file = archive.flat.get("Fresh", 0)
+    expected_first = {"earliest": 0, "latest": 7, "timestamp": 4}[start_from]
+    assert flat_file.min_offset == expected_first
+    assert flat_file.archived_offset == 9
+    assert await archive.check("Fresh", 0) == []
+
+
+async def test_keys_are_indexed_after_the_commit(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_count=7, group_commit_timeout=0)
+    archive.put("Keyed", 2, 20, keyed=True)
+    await dispatcher.run_once()
+    topic_id = archive.metadata.get_topic("Keyed").id
+
+    async def confirm(_topic_id: int, queue_id: int, queue_offset: int) -> list[str]:
+        return archive.hot.get_message("Keyed", queue_id, queue_offset).keys
+
+    hits = await archive.index.query("Keyed", topic_id, "Keyed-2-13", 10, 0, 1 << 62, confirm)
+    assert [(h.queue_id, h.queue_offset) for h in hits] == [(2, 13)]
+    assert await archive.index.query("Keyed", topic_id, "Keyed-2-99", 10, 0, 1 << 62, confirm) == []
+
+
+async def test_a_restarted_dispatcher_continues_where_the_archive_ends(archive: Archive) -> None:
+    first = archive.dispatcher(group_commit_timeout=0)
+    archive.put("Orders", 0, 10)
+    await first.run_once()
+    archive.put("Orders", 0, 10)
+    archive.flat = FlatFileStore(archive.provider, archive.metadata, cluster="TestCluster", broker="broker-a")
+    second = archive.dispatcher(group_commit_timeout=0)
+    await second.run_once()
+    assert second.stats.messages == 10
+    assert archive.archived("Orders", 0) == 20
+    assert await archive.check("Orders", 0) == []
+
+
+async def test_lag_gauge_and_dispatched_counters(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_count=10, group_commit_timeout=3600)
+    archive.put("Orders", 3, 15, size=50)
+    await dispatcher.scan()
+    registry = archive.metrics.registry
+    assert registry.get_sample_value("tieredstore_queue_lag_messages", {"topic": "Orders", "queue_id": "3"}) == 5
+    assert registry.get_sample_value("tieredstore_dispatched_messages_total", {"topic": "Orders"}) == 10
+    dispatched_bytes = registry.get_sample_value("tieredstore_dispatched_bytes_total", {"topic": "Orders"})
+    assert dispatched_bytes == sum(m.unit.size for m in archive.hot.read_messages("Orders", 3, 0, 10, 1 << 30))
+    assert registry.get_sample_value("tieredstore_commit_seconds_count") == 1

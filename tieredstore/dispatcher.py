@@ -1,0 +1,646 @@
+"""The archiver: group-commits every hot-store queue into its cold flat file, queue by queue.
+
+For one queue, under that queue's lock (DESIGN.md "Write path"):
+
+1. a commit that failed last time is retried first (its buffers were kept);
+2. a flush is due when the oldest pending message is older than ``group_commit_timeout``, the backlog
+   reaches ``group_commit_count``, or the caller forces it;
+3. up to ``group_commit_count`` messages / ``group_commit_size`` bytes, always at least one however
+   large, move from the hot store into the flat commit-log and consume-queue buffers;
+4. commit log, consume queue, key-index entries, then metadata are committed in that order;
+5. while backlog remains above the count threshold (or the flush is forced) the queue goes again at
+   once. At most ``max_pending_commits`` batches are in memory or in flight across all queues, so slow
+   storage slows the archiver down instead of growing its memory.
+
+A failed commit puts its queue on an exponential backoff; the other queues carry on. The hot store's
+blocking calls run in worker threads. Hot data is deleted (``maintain``) only once it is archived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from tieredstore.config import ArchiverSettings
+from tieredstore.errors import NotFoundError, TieredStoreError
+from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.flat.store import FlatFileStore
+from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode, store_timestamp_of
+from tieredstore.index import IndexEntry, IndexService
+from tieredstore.local.store import LocalMessageStore, StoredMessage
+from tieredstore.logs import get_logger
+from tieredstore.metadata import MetadataStore
+from tieredstore.metrics import Metrics
+from tieredstore.runtime import Runtime
+
+log = get_logger(__name__)
+
+QueueKey = tuple[str, int]
+# A record can only carry keys if these bytes occur in it; the search is much cheaper than a decode.
+_KEY_MARKERS = (f"{PROPERTY_KEYS}\x01".encode(), f"{PROPERTY_UNIQ_KEY}\x01".encode())
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class HotView:
+    """What the hot store says about one queue at one moment."""
+
+    min_offset: int
+    max_offset: int
+    # STORETIMESTAMP of the first message not archived yet; None when nothing is pending.
+    oldest_pending_ms: int | None
+
+
+@dataclass(slots=True)
+class _QueueState:
+    topic: str
+    queue_id: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    flat_file: FlatMessageFile | None = None
+    topic_id: int | None = None
+    hot: HotView = HotView(0, 0, None)
+    # Index entries of buffered messages: put after the consume queue commits, dropped once recorded.
+    unrecorded_entries: list[IndexEntry] = field(default_factory=list)
+    unrecorded_messages: int = 0
+    unrecorded_bytes: int = 0
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str | None = None
+    blocked_gap: tuple[int, int] | None = None
+
+    @property
+    def archived_offset(self) -> int:
+        return self.flat_file.archived_offset if self.flat_file is not None else 0
+
+    @property
+    def append_offset(self) -> int:
+        return self.flat_file.append_offset if self.flat_file is not None else 0
+
+    @property
+    def needs_commit(self) -> bool:
+        """A batch is buffered or committed but not yet recorded in metadata (a failed commit)."""
+        flat_file = self.flat_file
+        if flat_file is None:
+            return False
+        return (
+            flat_file.has_pending
+            or bool(self.unrecorded_entries)
+            or flat_file.position.max_offset != flat_file.archived_offset
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """One queue as the archiver sees it: for progress displays and ``--once`` summaries."""
+
+    topic: str
+    queue_id: int
+    archived_offset: int
+    hot_min_offset: int
+    hot_max_offset: int
+    failures: int
+    last_error: str | None
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.hot_max_offset - self.archived_offset)
+
+
+@dataclass(slots=True)
+class DispatchStats:
+    """Running totals since the dispatcher started."""
+
+    messages: int = 0
+    bytes: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    lost_messages: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass(frozen=True, slots=True)
+class OnceResult:
+    """What ``run_once`` archived, and the queues it could not finish (with their last error)."""
+
+    stats: DispatchStats
+    failed: dict[QueueKey, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    messages: list[StoredMessage]
+    hot: HotView
+
+
+class Dispatcher:
+    """Moves messages from a LocalMessageStore into a FlatFileStore; one instance per archiver process."""
+
+    def __init__(
+        self,
+        hot: LocalMessageStore,
+        flat: FlatFileStore,
+        *,
+        metadata: MetadataStore,
+        index: IndexService | None = None,
+        settings: ArchiverSettings | None = None,
+        metrics: Metrics | None = None,
+        maintain_interval: float = 60.0,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.hot = hot
+        self.flat = flat
+        self.metadata = metadata
+        self.index = index
+        self.settings = settings or ArchiverSettings()
+        self.metrics = metrics or Metrics()
+        self.maintain_interval = maintain_interval
+        self.clock_ms = clock_ms
+        self.stats = DispatchStats()
+        self._queues: dict[QueueKey, _QueueState] = {}
+        self._commit_slots = asyncio.Semaphore(self.settings.max_pending_commits)
+        self._tasks: dict[QueueKey, asyncio.Task[None]] = {}
+        self._stopping = False
+        self._started = False
+
+    @classmethod
+    def from_runtime(
+        cls, runtime: Runtime, *, settings: ArchiverSettings | None = None, clock_ms: Callable[[], int] = wall_clock_ms
+    ) -> Dispatcher:
+        """A dispatcher over the runtime's hot store, flat files, key index and metrics."""
+        if runtime.hot is None:
+            raise TieredStoreError("the archiver needs the hot store; open the runtime with hot=True")
+        return cls(
+            runtime.hot,
+            runtime.flat,
+            metadata=runtime.metadata,
+            index=runtime.index,
+            settings=settings or runtime.config.archiver,
+            metrics=runtime.metrics,
+            maintain_interval=runtime.config.archiver.maintain_interval,
+            clock_ms=clock_ms,
+        )
+
+    # ---- start-up ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every cold queue; re-index messages that recovery found archived but metadata had not recorded.
+
+        A crash between the consume-queue commit and the metadata record leaves messages archived whose
+        key-index entries may never have been written; indexing them again is harmless (lookups
+        de-duplicate by queue offset).
+        """
+        if self._started:
+            return
+        report = await self.flat.recover()
+        for (topic, queue_id), error in report.failed.items():
+            log.error("cold queue could not be recovered", topic=topic, queue_id=queue_id, error=str(error))
+        for (topic, queue_id), result in report.changed.items():
+            if result.archived_offset > result.previous_archived_offset and self.index is not None:
+                state = await self._state(topic, queue_id)
+                await self._reindex(state, result.previous_archived_offset, result.archived_offset)
+        self._started = True
+
+    async def _reindex(self, state: _QueueState, start: int, end: int) -> None:
+        hot_min = await asyncio.to_thread(self.hot.min_offset, state.topic, state.queue_id)
+        offset = max(start, hot_min)
+        while offset < end and self.index is not None:
+            messages = await asyncio.to_thread(
+                self.hot.read_messages, state.topic, state.queue_id, offset, min(1024, end - offset)
+            )
+            if not messages:
+                return
+            await self.index.put(self._index_entries(state, messages))
+            offset = messages[-1].queue_offset + 1
+
+    # ---- the public loop entry points --------------------------------------------------------------
+
+    async def scan(self, *, force: bool = False) -> int:
+        """One pass over every hot queue: dispatch each queue that is due, wait for it; returns messages archived."""
+        before = self.stats.messages
+        await self._require_started()
+        tasks = await self._dispatch_due(force=force)
+        if tasks:
+            await asyncio.gather(*tasks)
+        return self.stats.messages - before
+
+    async def run_once(self, *, max_attempts: int = 5) -> OnceResult:
+        """Archive everything the hot store holds now, then return.
+
+        A queue whose commits fail ``max_attempts`` times in a row (with backoff between) is given up
+        and named in the result; the others are finished regardless.
+        """
+        await self._require_started()
+        targets = {key: view.max_offset for key, view in (await self._hot_snapshot()).items()}
+        failed: dict[QueueKey, str] = {}
+        while True:
+            open_queues = []
+            for key, target in targets.items():
+                if key in failed:
+                    continue
+                state = await self._opened_state(*key)
+                if state is None:
+                    state = self._queues[key]
+                    if state.failures >= max_attempts:
+                        failed[key] = state.last_error or "cold queue could not be opened"
+                    elif state.retry_at > time.monotonic():
+                        open_queues.append(state)
+                    continue
+                if state.archived_offset >= target and not state.needs_commit:
+                    continue
+                if state.blocked_gap is not None:
+                    failed[key] = state.last_error or "lost range"
+                    continue
+                if state.failures >= max_attempts:
+                    failed[key] = state.last_error or "commit failed"
+                    continue
+                open_queues.append(state)
+            if not open_queues:
+                break
+            now = time.monotonic()
+            ready = [s for s in open_queues if s.retry_at <= now]
+            if not ready:
+                await asyncio.sleep(max(0.0, min(s.retry_at for s in open_queues) - now))
+                continue
+            await asyncio.gather(
+                *(self._drain(s, until=targets[(s.topic, s.queue_id)]) for s in ready if s.flat_file is not None)
+            )
+        await self._maintain_index()
+        return OnceResult(self.stats, failed)
+
+    async def run(self, stop: asyncio.Event) -> DispatchStats:
+        """Scan and dispatch until ``stop`` is set; then stop taking batches and finish what is in flight.
+
+        In-flight commits get ``shutdown_timeout`` seconds; whatever is still running then is
+        abandoned (a crash-equivalent the next start recovers from). Positions are flushed to metadata.
+        """
+        await self._require_started()
+        next_maintain = time.monotonic() + self.maintain_interval
+        while not stop.is_set():
+            await self._dispatch_due(force=False)
+            if time.monotonic() >= next_maintain:
+                await self.maintain()
+                next_maintain = time.monotonic() + self.maintain_interval
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.scan_interval)
+            except TimeoutError:
+                pass
+        await self.shutdown()
+        return self.stats
+
+    async def shutdown(self) -> None:
+        """Stop taking new batches, wait for in-flight ones (then abandon them), record positions."""
+        self._stopping = True
+        timeout = self.settings.shutdown_timeout
+        deadline = time.monotonic() + timeout
+        running = [task for task in self._tasks.values() if not task.done()]
+        if running:
+            _done, late = await asyncio.wait(running, timeout=timeout * 0.8)
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("abandoned in-flight commits at shutdown; the next start recovers them", queues=len(late))
+                await asyncio.wait(late, timeout=1.0)
+        for state in self._queues.values():
+            flat_file = state.flat_file
+            remaining = deadline - time.monotonic()
+            if flat_file is None or remaining <= 0 or state.lock.locked():
+                continue
+            if not flat_file.has_pending and flat_file.position.max_offset != flat_file.archived_offset:
+                try:
+                    await asyncio.wait_for(flat_file.commit(), timeout=remaining)
+                except (TieredStoreError, OSError, TimeoutError) as error:
+                    log.warning(
+                        "positions not recorded at shutdown",
+                        topic=state.topic,
+                        queue_id=state.queue_id,
+                        error=str(error),
+                    )
+
+    def status(self) -> list[QueueStatus]:
+        """Every queue the dispatcher has seen, sorted by topic and queue id."""
+        return [
+            QueueStatus(
+                s.topic, s.queue_id, s.archived_offset, s.hot.min_offset, s.hot.max_offset, s.failures, s.last_error
+            )
+            for _key, s in sorted(self._queues.items())
+        ]
+
+    def archived_offset(self, topic: str, queue_id: int) -> int:
+        """The first offset not archived yet (0 for a queue never seen); safe to call from a thread."""
+        state = self._queues.get((topic, queue_id))
+        return state.archived_offset if state is not None else 0
+
+    # ---- maintenance -------------------------------------------------------------------------------
+
+    async def maintain(self) -> None:
+        """Delete hot files whose messages are all archived and old enough; seal and upload index files."""
+        try:
+            await asyncio.to_thread(self.hot.delete_expired, self._archived_for_retention)
+        except (TieredStoreError, OSError) as error:
+            log.warning("hot retention failed", error=str(error))
+        await self._maintain_index()
+
+    def _archived_for_retention(self, topic: str, queue_id: int) -> int:
+        state = self._queues.get((topic, queue_id))
+        if state is None or state.flat_file is None:
+            return 0  # never seen: nothing of it counts as archived
+        return state.flat_file.archived_offset
+
+    async def _maintain_index(self) -> None:
+        if self.index is None:
+            return
+        try:
+            await self.index.maintain()
+        except (TieredStoreError, OSError) as error:
+            log.warning("key index upload failed; the next pass retries", error=str(error))
+
+    # ---- scheduling --------------------------------------------------------------------------------
+
+    async def _require_started(self) -> None:
+        if not self._started:
+            await self.start()
+
+    async def _hot_snapshot(self) -> dict[QueueKey, HotView]:
+        archived = {key: s.append_offset for key, s in self._queues.items() if s.flat_file is not None}
+        return await asyncio.to_thread(self._read_hot_views, archived)
+
+    def _read_hot_views(self, archived: dict[QueueKey, int]) -> dict[QueueKey, HotView]:
+        views = {}
+        for topic, queue_id in self.hot.queues():
+            views[(topic, queue_id)] = self._hot_view(topic, queue_id, archived.get((topic, queue_id)))
+        return views
+
+    def _hot_view(self, topic: str, queue_id: int, next_offset: int | None) -> HotView:
+        hot_min = self.hot.min_offset(topic, queue_id)
+        hot_max = self.hot.max_offset(topic, queue_id)
+        oldest: int | None = None
+        if next_offset is not None and hot_max > next_offset:
+            try:
+                oldest = self.hot.store_timestamp(topic, queue_id, max(next_offset, hot_min))
+            except NotFoundError:
+                oldest = None
+        return HotView(hot_min, hot_max, oldest)
+
+    async def _dispatch_due(self, *, force: bool) -> list[asyncio.Task[None]]:
+        snapshot = await self._hot_snapshot()
+        now = time.monotonic()
+        started: list[asyncio.Task[None]] = []
+        for (topic, queue_id), view in snapshot.items():
+            known = (topic, queue_id) in self._queues and self._queues[(topic, queue_id)].flat_file is not None
+            state = await self._opened_state(topic, queue_id)
+            if state is None:
+                continue
+            if not known:
+                # Just opened: the snapshot could not know where its archive starts, so look again.
+                view = await asyncio.to_thread(self._hot_view, topic, queue_id, state.append_offset)
+            state.hot = view
+            self._update_lag(state)
+            if (topic, queue_id) in self._tasks or state.retry_at > now or self._stopping:
+                continue
+            if not self._is_due(state, force=force):
+                continue
+            task = asyncio.create_task(self._drain(state, until=view.max_offset if force else None))
+            self._tasks[(topic, queue_id)] = task
+            task.add_done_callback(functools.partial(self._forget_task, (topic, queue_id)))
+            started.append(task)
+        return started
+
+    def _forget_task(self, key: QueueKey, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
+
+    def _is_due(self, state: _QueueState, *, force: bool, until: int | None = None) -> bool:
+        if state.needs_commit:
+            return True
+        view = state.hot
+        next_offset = state.append_offset
+        if view.min_offset > next_offset:
+            return state.blocked_gap != (next_offset, view.min_offset)
+        backlog = view.max_offset - next_offset
+        if backlog <= 0:
+            return False
+        if force or (until is not None and next_offset < until):
+            return True
+        if backlog >= self.settings.group_commit_count:
+            return True
+        oldest = view.oldest_pending_ms
+        return oldest is not None and self.clock_ms() - oldest >= self.settings.group_commit_timeout * 1000
+
+    async def _drain(self, state: _QueueState, *, until: int | None) -> None:
+        """Archive batches of one queue while it stays due; failures end the drain with a backoff."""
+        async with state.lock:
+            while not self._stopping:
+                if until is not None and state.append_offset >= until and not state.needs_commit:
+                    return
+                async with self._commit_slots:
+                    moved = await self._archive_batch(state)
+                if not moved or not self._is_due(state, force=False, until=until):
+                    return
+
+    # ---- one batch ---------------------------------------------------------------------------------
+
+    async def _archive_batch(self, state: _QueueState) -> bool:
+        """Retry a failed commit, or move and commit one batch; returns whether anything was archived."""
+        flat_file = state.flat_file
+        assert flat_file is not None
+        if state.needs_commit:
+            return await self._commit(state)
+        start = flat_file.append_offset
+        try:
+            batch = await asyncio.to_thread(self._read_batch, state.topic, state.queue_id, start)
+        except NotFoundError:
+            batch = _Batch([], await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
+        state.hot = batch.hot
+        if batch.hot.min_offset > start:
+            return self._skip_lost_range(state, start, batch.hot.min_offset)
+        if not batch.messages:
+            return False
+        entries = self._index_entries(state, batch.messages) if self.index is not None else []
+        try:
+            for message in batch.messages:
+                raw = message.raw
+                await flat_file.append(raw, message.queue_offset, store_timestamp_of(raw), message.unit.tag_hash)
+                state.unrecorded_messages += 1
+                state.unrecorded_bytes += len(raw)
+        except (TieredStoreError, OSError) as error:
+            # An append that rolled a segment may have failed half way: what was buffered stays buffered.
+            state.unrecorded_entries.extend(e for e in entries if e.queue_offset < flat_file.append_offset)
+            self._record_failure(state, error, phase="append")
+            return False
+        state.unrecorded_entries.extend(entries)
+        return await self._commit(state)
+
+    def _read_batch(self, topic: str, queue_id: int, start: int) -> _Batch:
+        settings = self.settings
+        hot_min = self.hot.min_offset(topic, queue_id)
+        if hot_min > start:
+            return _Batch([], self._hot_view(topic, queue_id, start))
+        messages = self.hot.read_messages(
+            topic, queue_id, start, max_count=settings.group_commit_count, max_bytes=settings.group_commit_size
+        )
+        next_offset = messages[-1].queue_offset + 1 if messages else start
+        return _Batch(messages, self._hot_view(topic, queue_id, next_offset))
+
+    async def _commit(self, state: _QueueState) -> bool:
+        """Commit log, consume queue, key-index entries, metadata; on failure keep everything for a retry."""
+        flat_file = state.flat_file
+        assert flat_file is not None
+        started = time.perf_counter()
+        try:
+            # The consume queue commits its commit log first: no unit is durable before its bytes.
+            await flat_file.consume_queue.commit()
+            if self.index is not None and state.unrecorded_entries:
+                await self.index.put(state.unrecorded_entries)
+                state.unrecorded_entries = []
+            await flat_file.commit()
+        except (TieredStoreError, OSError) as error:
+            self._record_failure(state, error, phase="commit")
+            return False
+        elapsed = time.perf_counter() - started
+        metrics = self.metrics
+        metrics.commit_latency.observe(elapsed)
+        metrics.storage_up.set(1)
+        if state.unrecorded_messages:
+            metrics.messages_dispatched.labels(state.topic).inc(state.unrecorded_messages)
+            metrics.bytes_dispatched.labels(state.topic).inc(state.unrecorded_bytes)
+        self.stats.messages += state.unrecorded_messages
+        self.stats.bytes += state.unrecorded_bytes
+        self.stats.commits += 1
+        state.unrecorded_messages = state.unrecorded_bytes = 0
+        if state.failures:
+            log.info("commits resumed", topic=state.topic, queue_id=state.queue_id, after_failures=state.failures)
+        state.failures = 0
+        state.retry_at = 0.0
+        state.last_error = None
+        self._update_lag(state)
+        return True
+
+    def _record_failure(self, state: _QueueState, error: BaseException, *, phase: str) -> None:
+        state.failures += 1
+        settings = self.settings
+        backoff = min(settings.retry_max_backoff, settings.retry_initial_backoff * 2 ** (state.failures - 1))
+        # Jitter keeps many failing queues from retrying against recovering storage in lock step.
+        backoff *= random.uniform(0.8, 1.2)
+        state.retry_at = time.monotonic() + backoff
+        state.last_error = f"{type(error).__name__}: {error}"
+        self.stats.commit_failures += 1
+        self.metrics.commit_failures.labels(state.topic).inc()
+        self.metrics.storage_up.set(0)
+        log.warning(
+            "commit failed; retrying with backoff",
+            topic=state.topic,
+            queue_id=state.queue_id,
+            phase=phase,
+            failures=state.failures,
+            retry_in=round(backoff, 3),
+            error=state.last_error,
+        )
+
+    def _skip_lost_range(self, state: _QueueState, archived: int, hot_min: int) -> bool:
+        """The hot store dropped [archived, hot_min) before it was archived: say so, count it, move on."""
+        flat_file = state.flat_file
+        assert flat_file is not None
+        lost = hot_min - archived
+        if state.blocked_gap != (archived, hot_min):
+            log.error(
+                "hot store dropped messages before they were archived",
+                topic=state.topic,
+                queue_id=state.queue_id,
+                lost_from=archived,
+                lost_to=hot_min - 1,
+                lost=lost,
+            )
+            self.metrics.lost_messages.labels(state.topic).inc(lost)
+            self.stats.lost_messages += lost
+        if flat_file.consume_queue.is_empty and not flat_file.has_pending:
+            # Nothing archived yet: the queue simply starts at the hot min; the next commit records it.
+            flat_file.consume_queue.reset_initial_queue_offset(hot_min)
+            state.blocked_gap = None
+            return True
+        # The flat consume queue is dense by queue offset and cannot hold a hole yet; this queue waits
+        # (loudly, once) while every other queue carries on.
+        state.blocked_gap = (archived, hot_min)
+        state.last_error = f"lost range {archived}..{hot_min - 1}: the cold queue cannot skip past it"
+        return False
+
+    # ---- queues ------------------------------------------------------------------------------------
+
+    async def _state(self, topic: str, queue_id: int) -> _QueueState:
+        """The queue's state, its cold queue opened (errors propagate)."""
+        key = (topic, queue_id)
+        state = self._queues.get(key)
+        if state is None:
+            state = _QueueState(topic, queue_id)
+            self._queues[key] = state
+        if state.flat_file is None:
+            await self._open_queue(state)
+        return state
+
+    async def _opened_state(self, topic: str, queue_id: int) -> _QueueState | None:
+        """The queue's state, or None when its cold queue cannot be opened now (backing off, or failed)."""
+        state = self._queues.get((topic, queue_id))
+        if state is not None and state.flat_file is None and state.retry_at > time.monotonic():
+            return None
+        try:
+            return await self._state(topic, queue_id)
+        except (TieredStoreError, OSError) as error:
+            self._record_failure(self._queues[(topic, queue_id)], error, phase="open")
+            return None
+
+    async def _open_queue(self, state: _QueueState) -> None:
+        """Load the cold queue; on first sight create it at the ``start_from`` offset."""
+        topic, queue_id = state.topic, state.queue_id
+        try:
+            state.flat_file = self.flat.get(topic, queue_id)
+        except NotFoundError:
+            start = await asyncio.to_thread(self._start_offset, topic, queue_id)
+            await asyncio.to_thread(self.metadata.get_or_create_queue, topic, queue_id, start_offset=start)
+            state.flat_file = await self.flat.get_or_create(topic, queue_id)
+            log.info("archiving a new queue", topic=topic, queue_id=queue_id, start_offset=state.archived_offset)
+        topic_info = await asyncio.to_thread(self.metadata.get_or_create_topic, topic)
+        state.topic_id = topic_info.id
+
+    def _start_offset(self, topic: str, queue_id: int) -> int:
+        start_from = self.settings.start_from
+        if start_from == "earliest":
+            return self.hot.min_offset(topic, queue_id)
+        if start_from == "latest":
+            return self.hot.max_offset(topic, queue_id)
+        return self.hot.offset_for_timestamp(topic, queue_id, int(start_from), "lower")
+
+    def _update_lag(self, state: _QueueState) -> None:
+        lag = max(0, state.hot.max_offset - state.archived_offset)
+        self.metrics.queue_lag.labels(state.topic, str(state.queue_id)).set(lag)
+
+    def _index_entries(self, state: _QueueState, messages: Iterable[StoredMessage]) -> list[IndexEntry]:
+        entries = []
+        topic_id = state.topic_id if state.topic_id is not None else 0
+        for message in messages:
+            raw = message.raw
+            if not any(marker in raw for marker in _KEY_MARKERS):
+                continue
+            record = decode(raw, check_crc=False)
+            keys = tuple(record.keys) + ((record.unique_key,) if record.unique_key else ())
+            if keys:
+                entries.append(
+                    IndexEntry(
+                        topic=state.topic,
+                        topic_id=topic_id,
+                        queue_id=state.queue_id,
+                        queue_offset=message.queue_offset,
+                        size=len(raw),
+                        timestamp=record.store_timestamp,
+                        keys=keys,
+                    )
+                )
+        return entries
