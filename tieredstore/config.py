@@ -87,6 +87,10 @@ class ArchiverSettings(_Section):
     retry_initial_backoff: float = Field(default=0.2, gt=0)
     retry_max_backoff: float = Field(default=30.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_addr: str = Field(default="127.0.0.1", description="address /metrics binds to; 0.0.0.0 in a container")
+    maintain_interval: float = Field(
+        default=60.0, gt=0, description="seconds between hot-store retention and key-index upload passes"
+    )
 
     @pydantic.field_validator("start_from")
     @classmethod
