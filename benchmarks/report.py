@@ -212,7 +212,7 @@ def draw_series(document: dict[str, Any], plots_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     written = []
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +227,7 @@ def draw_series(document: dict[str, Any], plots_dir: Path) -> list[Path]:
         if series.get("log_y"):
             axes.set_yscale("log")
             axes.yaxis.set_major_formatter(ScalarFormatter())
+            axes.yaxis.set_minor_formatter(NullFormatter())
         axes.set_xlabel(series["x_label"])
         axes.set_ylabel(series["y_label"])
         quick = " (quick run)" if document.get("quick") else ""
