@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import structlog
+
 from tieredstore.config import ArchiverSettings
 from tieredstore.errors import NotFoundError, TieredStoreError
 from tieredstore.flat.message_file import FlatMessageFile
@@ -32,12 +34,11 @@ from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode, store_timestamp_of
 from tieredstore.index import IndexEntry, IndexService
 from tieredstore.local.store import LocalMessageStore, StoredMessage
-from tieredstore.logs import get_logger
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime
 
-log = get_logger(__name__)
+log = structlog.get_logger(__name__)
 
 QueueKey = tuple[str, int]
 # A record can only carry keys if these bytes occur in it; the search is much cheaper than a decode.

@@ -122,7 +122,7 @@ def _register_commands() -> None:
     # whichever module imports it first.
     import importlib
 
-    for module in ("db",):
+    for module in ("db", "run"):
         importlib.import_module(f"tieredstore.cli.{module}")
 
 
