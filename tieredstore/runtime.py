@@ -15,7 +15,9 @@ from typing import Any
 from tieredstore.config import TieredStoreConfig
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
+from tieredstore.formats.naming import index_path
 from tieredstore.index import IndexService
+from tieredstore.index.catalogue import MetadataIndexCatalogue
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
@@ -111,6 +113,7 @@ async def open_runtime(
             provider,
             cluster=config.cluster,
             broker=config.broker,
+            catalogue=MetadataIndexCatalogue(metadata, index_path(config.cluster, config.broker)),
             settings=config.index,
         )
         await index.start()

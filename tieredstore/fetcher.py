@@ -1,0 +1,715 @@
+"""The read path: serve a queue's messages from the hot store or cold storage, with a read-ahead cache.
+
+``MessageFetcher.get_messages`` decides the status from the queue's offsets over both tiers (RocketMQ's
+``GetMessageStatus``), then routes the read by ``read_policy``:
+
+==============  =========================================================================================
+DISABLE         the hot store only; cold storage is never read and the offsets are the hot store's.
+NOT_IN_DISK     cold storage exactly when the hot store no longer has the offset (the default).
+NOT_IN_MEM      cold storage when the hot copy is probably not in the page cache (see below).
+FORCE           cold storage always.
+==============  =========================================================================================
+
+If the cold read fails (a storage or integrity error) or cold storage does not hold the offset, and
+the hot store still has it, the hot store serves it.
+
+**NOT_IN_MEM on Linux.** Page-cache residency cannot be asked for from pure Python (no ``mincore``
+or ``fincore`` binding, and ``os.posix_fadvise`` only gives advice), so the fetcher uses RocketMQ's own
+rule of thumb (``DefaultMessageStore.checkInMemByCommitOffset``): the hot copy counts as in memory
+when it lies within the newest ``hot_in_memory_bytes`` of the hot commit log, by default 40% of the
+machine's physical memory (``accessMessageInMemoryMaxRatio``); anything older is assumed to have
+left the page cache, and is served from cold storage when cold storage has it.
+
+**Cold reads.** A miss reads one consume-queue range and one commit-log range for up to
+``read_ahead_count`` messages, trimmed from the end to ``read_ahead_size`` bytes but never below one
+message. The records are split by their consume-queue units; each is checked (size, magic, body
+CRC, queue offset) when it is served, so a corrupt record is a ``CorruptRecordError`` naming its
+topic, queue and offset, and a corrupt record further ahead does not fail an earlier batch.
+
+**Read-ahead cache.** Records read ahead are kept under (topic, queue, offset), bounded in bytes
+(``read_ahead_cache_bytes``, each entry weighing its record's size) and expiring ``read_ahead_ttl``
+after their last access. While the cache holds more than 80% of its bound, misses read only what
+the request needs and add nothing to it. Hits, misses and evictions (by size or by age) are metrics.
+
+**Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
+hash is checked first, then the record's real TAGS, so a hash collision is not a match) and for which
+``predicate`` holds. Filtered-out messages still advance ``next_begin_offset``; one call scans at most
+``max(max_count, read_ahead_count)`` offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import cachetools
+import structlog
+
+from tieredstore.config import ReadPolicy, ReadSettings
+from tieredstore.errors import (
+    CorruptRecordError,
+    IntegrityError,
+    InvalidQueueError,
+    NotFoundError,
+    StorageError,
+    ValidationError,
+)
+from tieredstore.flat.consume_queue import BoundaryType
+from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.flat.store import FlatFileStore
+from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    MessageRecord,
+    body_crc,
+    decode,
+    java_string_hash,
+)
+from tieredstore.formats.naming import FileType, validate_topic
+from tieredstore.local.store import LocalMessageStore
+from tieredstore.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+Tier = Literal["hot", "cold"]
+Boundary = Literal["lower", "upper"]
+CACHE_BYPASS_RATIO = 0.8
+IN_MEMORY_RATIO = 0.4
+_HEAD = struct.Struct(">iI")
+# What a failed tier raises when another tier may still serve the offset.
+_TIER_FAILURES = (StorageError, IntegrityError, NotFoundError)
+
+
+class GetMessageStatus(enum.StrEnum):
+    """RocketMQ's GetMessageStatus values that this store produces."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"  # every scanned message was filtered out
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"  # inside [min, max) but no tier holds it (a gap)
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"  # offset > max
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"  # offset == max: nothing new yet
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"  # offset < min
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"  # neither tier knows the queue
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"  # the queue is known but holds nothing
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """Which messages a consumer wants: any of ``tags`` (None: any tag) and ``predicate`` (None: all)."""
+
+    tags: frozenset[str] | None = None
+    predicate: Callable[[MessageRecord], bool] | None = None
+    tag_hashes: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tags is not None:
+            if isinstance(self.tags, str):
+                raise ValidationError("tags must be a set of tag strings, not one string")
+            object.__setattr__(self, "tags", frozenset(self.tags))
+        object.__setattr__(self, "tag_hashes", frozenset(java_string_hash(tag) for tag in self.tags or ()))
+
+    @classmethod
+    def by_tags(cls, *tags: str) -> MessageFilter:
+        return cls(tags=frozenset(tags))
+
+    def may_match(self, tag_hash: int) -> bool:
+        """The cheap check on the consume-queue tag hash, before the record is read."""
+        return self.tags is None or tag_hash in self.tag_hashes
+
+    def matches(self, record: MessageRecord) -> bool:
+        if self.tags is not None and record.tags not in self.tags:
+            return False
+        return self.predicate is None or self.predicate(record)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedMessage:
+    """One message as served: where it is, which tier served it, its raw record bytes and decoded view."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    tier: Tier
+    raw: bytes = field(repr=False)
+    record: MessageRecord = field(repr=False)
+
+    @property
+    def body(self) -> bytes:
+        return self.record.body
+
+    @property
+    def keys(self) -> list[str]:
+        return self.record.keys
+
+    @property
+    def tags(self) -> str | None:
+        return self.record.tags
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.record.unique_key
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return self.record.properties
+
+    @property
+    def store_timestamp(self) -> int:
+        return self.record.store_timestamp
+
+
+@dataclass(frozen=True, slots=True)
+class GetMessageResult:
+    """The answer to ``get_messages``: ask for ``next_begin_offset`` next."""
+
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[FetchedMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """Record bytes as read from a tier, not yet checked, with the unit that pointed at them."""
+
+    raw: bytes
+    unit: ConsumeQueueUnit
+
+
+# ---- the read-ahead cache ----------------------------------------------------------------------------
+
+
+class _ByteTTLCache(cachetools.TTLCache[tuple[str, int, int], _Stored]):
+    """A TTLCache weighing entries by record size that reports every eviction and expiry."""
+
+    def __init__(self, max_bytes: int, ttl: float, timer: Callable[[], float], on_evict: Callable[[int], None]):
+        super().__init__(maxsize=max_bytes, ttl=ttl, timer=timer, getsizeof=lambda stored: len(stored.raw))
+        self._on_evict = on_evict
+
+    def popitem(self) -> tuple[tuple[str, int, int], _Stored]:
+        key, value = super().popitem()
+        self._on_evict(1)
+        return key, value
+
+    def expire(self, time: float | None = None) -> list[tuple[tuple[str, int, int], _Stored]]:
+        expired = list(super().expire(time))
+        if expired:
+            self._on_evict(len(expired))
+        return expired
+
+
+class ReadAheadCache:
+    """Records read ahead of a consumer, by (topic, queue id, queue offset); bounded in bytes.
+
+    An entry expires ``ttl`` seconds after it was last read (a hit renews it). ``max_bytes`` 0 turns
+    the cache off. ``clock`` is injectable for tests (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        ttl: float,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self.metrics = metrics or Metrics()
+        self._cache = _ByteTTLCache(max(max_bytes, 1), ttl, clock, self.metrics.cache_evictions.inc)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes held now (after dropping expired entries)."""
+        self._cache.expire()
+        return int(self._cache.currsize)
+
+    def __len__(self) -> int:
+        self._cache.expire()
+        return len(self._cache)
+
+    def over_threshold(self) -> bool:
+        """Whether the cache holds more than 80% of its bound: reads then bypass it."""
+        return not self.enabled or self.size_bytes > CACHE_BYPASS_RATIO * self.max_bytes
+
+    def get(self, key: tuple[str, int, int]) -> _Stored | None:
+        """The entry, its expiry renewed; None on a miss. Counts the hit or miss."""
+        if not self.enabled:
+            return None
+        stored = self._cache.get(key)
+        if stored is None:
+            self.metrics.cache_misses.inc()
+            return None
+        self._cache[key] = stored  # re-setting renews the TTL: entries expire after last access
+        self.metrics.cache_hits.inc()
+        return stored
+
+    def put(self, key: tuple[str, int, int], stored: _Stored) -> None:
+        if not self.enabled or len(stored.raw) > self.max_bytes:
+            return
+        self._cache[key] = stored
+        self.metrics.cache_bytes.set(self._cache.currsize)
+
+    def discard_queue(self, topic: str, queue_id: int) -> None:
+        """Drop every entry of one queue (its cold data changed under the cache)."""
+        for key in [k for k in list(self._cache.keys()) if k[0] == topic and k[1] == queue_id]:
+            self._cache.pop(key, None)
+        self.metrics.cache_bytes.set(self._cache.currsize)
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self.metrics.cache_bytes.set(0)
+
+
+# ---- offsets over both tiers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOffsets:
+    """A queue's offsets in each tier ([min, max) each; empty when min == max) and over both."""
+
+    known: bool
+    hot_min: int
+    hot_max: int
+    cold_min: int
+    cold_max: int
+    min_offset: int
+    max_offset: int
+
+    def hot_has(self, offset: int) -> bool:
+        return self.hot_min <= offset < self.hot_max
+
+    def cold_has(self, offset: int) -> bool:
+        return self.cold_min <= offset < self.cold_max
+
+    def next_held_after(self, offset: int) -> int:
+        """The first offset above ``offset`` that some tier holds (``max_offset`` if none)."""
+        starts = [start for start, end in ((self.hot_min, self.hot_max), (self.cold_min, self.cold_max)) if start < end]
+        later = [start for start in starts if start > offset]
+        return min(later) if later else self.max_offset
+
+
+@dataclass(slots=True)
+class _Batch:
+    messages: list[FetchedMessage]
+    next_offset: int
+
+
+def physical_memory_bytes() -> int:
+    """Total RAM as the OS reports it (0 when it cannot tell)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class MessageFetcher:
+    """Reads messages for consumers from whichever tier ``read_policy`` picks; see the module docstring.
+
+    ``hot`` may be None (a cold-only reader). Everything runs on one event loop; hot-store reads go
+    through a worker thread because they touch mapped files.
+    """
+
+    def __init__(
+        self,
+        hot: LocalMessageStore | None,
+        flat: FlatFileStore,
+        *,
+        settings: ReadSettings | None = None,
+        metrics: Metrics | None = None,
+        hot_in_memory_bytes: int | None = None,
+        cache_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hot = hot
+        self.flat = flat
+        self.settings = settings or ReadSettings()
+        self.metrics = metrics or Metrics()
+        self.hot_in_memory_bytes = (
+            int(physical_memory_bytes() * IN_MEMORY_RATIO) if hot_in_memory_bytes is None else hot_in_memory_bytes
+        )
+        self.cache = ReadAheadCache(
+            self.settings.read_ahead_cache_bytes, self.settings.read_ahead_ttl, metrics=self.metrics, clock=cache_clock
+        )
+
+    @property
+    def read_policy(self) -> ReadPolicy:
+        return self.settings.read_policy
+
+    # ---- offsets --------------------------------------------------------------------------------------
+
+    async def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
+        """The queue's loaded cold file; None if cold storage does not know the queue.
+
+        A queue whose recovery failed is recovered again here (a StorageError if it still fails).
+        """
+        try:
+            return self.flat.get(topic, queue_id)
+        except NotFoundError:
+            if (topic, queue_id) in self.flat.failed:
+                return await self.flat.get_or_create(topic, queue_id)
+            return None
+
+    async def offsets(self, topic: str, queue_id: int) -> QueueOffsets:
+        """The queue's offsets in each tier and over the tiers this policy reads."""
+        _validate_queue(topic, queue_id)
+        hot_min = hot_max = cold_min = cold_max = 0
+        known = False
+        if self.hot is not None and self.hot.max_offset(topic, queue_id) > 0:
+            known = True
+            hot_min, hot_max = self.hot.min_offset(topic, queue_id), self.hot.max_offset(topic, queue_id)
+        if self.read_policy is not ReadPolicy.DISABLE:
+            flat_file = await self.cold_file(topic, queue_id)
+            if flat_file is not None:
+                known = True
+                cold_min, cold_max = flat_file.min_offset, flat_file.archived_offset
+        ranges = [(start, end) for start, end in ((hot_min, hot_max), (cold_min, cold_max)) if start < end]
+        if ranges:
+            min_offset, max_offset = min(s for s, _ in ranges), max(e for _, e in ranges)
+        else:
+            # Nothing held: both ends sit where the queue will continue.
+            min_offset = max_offset = max(hot_max, cold_max)
+        return QueueOffsets(known, hot_min, hot_max, cold_min, cold_max, min_offset, max_offset)
+
+    async def min_offset(self, topic: str, queue_id: int) -> int:
+        return (await self.offsets(topic, queue_id)).min_offset
+
+    async def max_offset(self, topic: str, queue_id: int) -> int:
+        return (await self.offsets(topic, queue_id)).max_offset
+
+    # ---- get_messages -------------------------------------------------------------------------------
+
+    async def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        message_filter: MessageFilter | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_count`` messages from ``offset`` with RocketMQ's status and next offset."""
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise ValidationError(f"offset must be an integer, not {offset!r}")
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
+        view = await self.offsets(topic, queue_id)
+
+        def result(
+            status: GetMessageStatus, next_offset: int, messages: list[FetchedMessage] | None = None
+        ) -> GetMessageResult:
+            return GetMessageResult(status, next_offset, view.min_offset, view.max_offset, messages or [])
+
+        if not view.known:
+            return result(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0)
+        if view.min_offset == view.max_offset:
+            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, view.max_offset)
+        if offset < view.min_offset:
+            return result(GetMessageStatus.OFFSET_TOO_SMALL, view.min_offset)
+        if offset == view.max_offset:
+            return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
+        if offset > view.max_offset:
+            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, view.max_offset)
+        batch = await self._read(topic, queue_id, offset, max_count, message_filter, view, read_ahead=True)
+        if batch is None:
+            return result(GetMessageStatus.OFFSET_FOUND_NULL, view.next_held_after(offset))
+        if not batch.messages:
+            return result(GetMessageStatus.NO_MATCHED_MESSAGE, batch.next_offset)
+        return result(GetMessageStatus.FOUND, batch.next_offset, batch.messages)
+
+    async def read_message(self, topic: str, queue_id: int, queue_offset: int) -> FetchedMessage | None:
+        """The one message at ``queue_offset`` from the tier the policy picks, without read-ahead; None if gone."""
+        view = await self.offsets(topic, queue_id)
+        batch = await self._read(topic, queue_id, queue_offset, 1, None, view, read_ahead=False)
+        if batch is None or not batch.messages:
+            return None
+        return batch.messages[0]
+
+    def _tier_order(self, topic: str, queue_id: int, offset: int, view: QueueOffsets) -> list[Tier]:
+        """The tiers to try for ``offset``, in order, among those that hold it."""
+        policy = self.read_policy
+        hot_has, cold_has = view.hot_has(offset), view.cold_has(offset)
+        if policy is ReadPolicy.DISABLE:
+            order: list[Tier] = ["hot"]
+        elif (
+            policy is ReadPolicy.FORCE
+            or not hot_has
+            or (policy is ReadPolicy.NOT_IN_MEM and not self._hot_in_memory(topic, queue_id, offset))
+        ):
+            order = ["cold", "hot"]
+        else:
+            order = ["hot", "cold"]
+        return [tier for tier in order if (hot_has if tier == "hot" else cold_has)]
+
+    def _hot_in_memory(self, topic: str, queue_id: int, offset: int) -> bool:
+        assert self.hot is not None
+        try:
+            unit = self.hot.cq_unit(topic, queue_id, offset)
+        except NotFoundError:
+            return False
+        return self.hot.commitlog_max_offset - unit.commitlog_offset <= self.hot_in_memory_bytes
+
+    async def _read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        message_filter: MessageFilter | None,
+        view: QueueOffsets,
+        *,
+        read_ahead: bool,
+    ) -> _Batch | None:
+        """Read from the first tier in order that succeeds; None when no tier holds ``offset``."""
+        order = self._tier_order(topic, queue_id, offset, view)
+        for position, tier in enumerate(order):
+            try:
+                if tier == "hot":
+                    return await self._read_hot(topic, queue_id, offset, view.hot_max, max_count, message_filter)
+                return await self._read_cold(
+                    topic, queue_id, offset, view.cold_max, max_count, message_filter, read_ahead=read_ahead
+                )
+            except _TIER_FAILURES as error:
+                if position == len(order) - 1:
+                    raise
+                log.warning(
+                    "read failed; trying the other tier",
+                    tier=tier,
+                    topic=topic,
+                    queue_id=queue_id,
+                    offset=offset,
+                    error=str(error),
+                )
+        return None
+
+    def _scan_end(self, offset: int, tier_end: int, max_count: int) -> int:
+        return min(tier_end, offset + max(max_count, self.settings.read_ahead_count))
+
+    # ---- the hot tier ---------------------------------------------------------------------------------
+
+    async def _read_hot(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        hot_max: int,
+        max_count: int,
+        message_filter: MessageFilter | None,
+    ) -> _Batch:
+        hot = self.hot
+        assert hot is not None
+        scan_end = self._scan_end(offset, hot_max, max_count)
+        messages: list[FetchedMessage] = []
+        position = offset
+        while position < scan_end and len(messages) < max_count:
+            wanted = max_count - len(messages) if message_filter is None else scan_end - position
+            stored = await asyncio.to_thread(
+                hot.read_messages,
+                topic,
+                queue_id,
+                position,
+                min(wanted, scan_end - position),
+                self.settings.read_ahead_size,
+            )
+            if not stored:
+                break
+            for item in stored:
+                position = item.queue_offset + 1
+                message = self._serve(
+                    topic, queue_id, item.queue_offset, _Stored(item.raw, item.unit), "hot", message_filter
+                )
+                if message is not None:
+                    messages.append(message)
+                    if len(messages) == max_count:
+                        break
+        return _Batch(messages, position)
+
+    # ---- the cold tier --------------------------------------------------------------------------------
+
+    async def _read_cold(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        cold_max: int,
+        max_count: int,
+        message_filter: MessageFilter | None,
+        *,
+        read_ahead: bool,
+    ) -> _Batch:
+        flat_file = await self.cold_file(topic, queue_id)
+        if flat_file is None:
+            raise NotFoundError(f"cold queue {topic}/{queue_id} is not loaded")
+        scan_end = self._scan_end(offset, min(cold_max, flat_file.archived_offset), max_count)
+        messages: list[FetchedMessage] = []
+        position = offset
+        while position < scan_end and len(messages) < max_count:
+            window = self._cached_run(topic, queue_id, position, scan_end) if read_ahead else []
+            if not window:
+                needed = max_count - len(messages)
+                window = await self._read_ahead(flat_file, position, scan_end, needed, use_cache=read_ahead)
+                if not window:
+                    break
+            for queue_offset, stored in window:
+                position = queue_offset + 1
+                message = self._serve(topic, queue_id, queue_offset, stored, "cold", message_filter)
+                if message is not None:
+                    messages.append(message)
+                    if len(messages) == max_count:
+                        break
+        return _Batch(messages, position)
+
+    def _cached_run(self, topic: str, queue_id: int, offset: int, end: int) -> list[tuple[int, _Stored]]:
+        """Consecutive cached records from ``offset`` (renewing each); empty on a miss at ``offset``."""
+        run: list[tuple[int, _Stored]] = []
+        position = offset
+        while position < end:
+            stored = self.cache.get((topic, queue_id, position))
+            if stored is None:
+                break
+            run.append((position, stored))
+            position += 1
+        return run
+
+    async def _read_ahead(
+        self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, *, use_cache: bool
+    ) -> list[tuple[int, _Stored]]:
+        """One consume-queue read and one commit-log read from ``offset``; caches what it read ahead."""
+        bypass = not use_cache or self.cache.over_threshold()
+        count = min(needed if bypass else max(needed, self.settings.read_ahead_count), end - offset)
+        if count <= 0:
+            return []
+        units = await flat_file.read_units(offset, count)
+        self.metrics.cold_reads.labels(file_type=FileType.CONSUME_QUEUE.value).inc()
+        kept: list[ConsumeQueueUnit] = []
+        total = 0
+        for unit in units:
+            if kept and total + unit.size > self.settings.read_ahead_size:
+                break
+            kept.append(unit)
+            total += unit.size
+        if not kept:
+            return []
+        start = kept[0].commitlog_offset
+        stop = max(unit.commitlog_offset + unit.size for unit in kept)
+        raw = await flat_file.read_commit_log(start, stop - start)
+        self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
+        window: list[tuple[int, _Stored]] = []
+        for index, unit in enumerate(kept):
+            begin = unit.commitlog_offset - start
+            stored = _Stored(raw[begin : begin + unit.size], unit)
+            window.append((offset + index, stored))
+            if not bypass:
+                self.cache.put((flat_file.topic, flat_file.queue_id, offset + index), stored)
+        return window
+
+    # ---- splitting, checking and filtering -------------------------------------------------------------
+
+    def _serve(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        stored: _Stored,
+        tier: Tier,
+        message_filter: MessageFilter | None,
+    ) -> FetchedMessage | None:
+        """The checked message, or None when the filter rejects it (on its tag hash before decoding)."""
+        if message_filter is not None and not message_filter.may_match(stored.unit.tag_hash):
+            return None
+        record = check_record(topic, queue_id, queue_offset, stored.raw, stored.unit, tier)
+        if message_filter is not None and not message_filter.matches(record):
+            return None
+        return FetchedMessage(topic, queue_id, queue_offset, tier, stored.raw, record)
+
+    # ---- time lookups ---------------------------------------------------------------------------------
+
+    async def offset_for_timestamp(
+        self, topic: str, queue_id: int, timestamp: int, boundary: Boundary = "lower"
+    ) -> int:
+        """``lower``: the first offset stored at or after ``timestamp`` (max offset if none);
+        ``upper``: the last offset stored at or before it (min offset if none); over the tiers read.
+        """
+        if boundary not in ("lower", "upper"):
+            raise ValidationError(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+        view = await self.offsets(topic, queue_id)
+        matches: list[int] = []
+        if view.hot_min < view.hot_max:
+            assert self.hot is not None
+            hot = self.hot
+            found = await asyncio.to_thread(hot.offset_for_timestamp, topic, queue_id, timestamp, boundary)
+            if await asyncio.to_thread(_hot_matches, hot, topic, queue_id, found, timestamp, boundary):
+                matches.append(found)
+        if view.cold_min < view.cold_max:
+            flat_file = await self.cold_file(topic, queue_id)
+            assert flat_file is not None
+            found = await flat_file.find_queue_offset(
+                timestamp, BoundaryType.LOWER if boundary == "lower" else BoundaryType.UPPER
+            )
+            if flat_file.min_offset <= found < flat_file.archived_offset:
+                stamp = await flat_file.store_timestamp_of(await flat_file.consume_queue.read_unit(found))
+                if (stamp >= timestamp) if boundary == "lower" else (stamp <= timestamp):
+                    matches.append(found)
+        if boundary == "lower":
+            return min(matches) if matches else view.max_offset
+        return max(matches) if matches else view.min_offset
+
+
+def _hot_matches(
+    hot: LocalMessageStore, topic: str, queue_id: int, offset: int, timestamp: int, boundary: Boundary
+) -> bool:
+    """Whether the hot store's answer is a real match rather than its 'none' fallback."""
+    if not hot.min_offset(topic, queue_id) <= offset < hot.max_offset(topic, queue_id):
+        return False
+    stamp = hot.store_timestamp(topic, queue_id, offset)
+    return stamp >= timestamp if boundary == "lower" else stamp <= timestamp
+
+
+def check_record(
+    topic: str, queue_id: int, queue_offset: int, raw: bytes, unit: ConsumeQueueUnit, tier: Tier
+) -> MessageRecord:
+    """Decode one record split out of a commit-log read, checking size, magic, body CRC and identity.
+
+    Any problem is a CorruptRecordError naming the topic, queue and queue offset.
+    """
+
+    def corrupt(reason: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"corrupt record in the {tier} tier (commit-log offset {unit.commitlog_offset}): {reason}",
+            location=f"{topic}/{queue_id}",
+            offset=queue_offset,
+        )
+
+    if len(raw) != unit.size or len(raw) < MIN_RECORD_SIZE:
+        raise corrupt(f"the consume queue says {unit.size} bytes but {len(raw)} were read")
+    total, magic = _HEAD.unpack_from(raw)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise corrupt(f"bad magic code 0x{magic:08x}")
+    if total != unit.size:
+        raise corrupt(f"TOTALSIZE {total} but the consume queue says {unit.size}")
+    try:
+        record = decode(raw, check_crc=False)
+    except CorruptRecordError as exc:
+        raise corrupt(str(exc)) from exc
+    if record.body_crc != body_crc(record.body):
+        raise corrupt(f"body CRC mismatch: stored {record.body_crc}, computed {body_crc(record.body)}")
+    if record.topic != topic or record.queue_id != queue_id or record.queue_offset != queue_offset:
+        raise corrupt(f"the record belongs to {record.topic}/{record.queue_id} at queue offset {record.queue_offset}")
+    return record
+
+
+def _validate_queue(topic: str, queue_id: int) -> None:
+    validate_topic(topic)
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+        raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
