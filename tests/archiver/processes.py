@@ -1,0 +1,55 @@
+"""Running ``tieredstore`` and the test producer as child processes with a given environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TIEREDSTORE = [sys.executable, "-c", "from tieredstore.cli import run_main; run_main()"]
+
+
+def child_env(values: dict[str, Any]) -> dict[str, str]:
+    """The test process's environment (already free of the developer's TIEREDSTORE_*) plus ``values``."""
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in values.items()})
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def start_tieredstore(args: list[str], env: dict[str, str], stderr_path: Path) -> subprocess.Popen[bytes]:
+    with stderr_path.open("wb") as stderr:
+        return subprocess.Popen(
+            [*TIEREDSTORE, *args], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+        )
+
+
+def run_tieredstore(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TIEREDSTORE, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def run_producer(count: int, seed: int, env: dict[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "tests.archiver.producer", str(count), str(seed)],
+        env=env,
+        cwd=REPO,
+        check=True,
+        timeout=60,
+    )
+
+
+def wait_for_text(path: Path, text: str, timeout: float) -> str:
+    """The file's content once it contains ``text``; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        content = path.read_text(errors="replace") if path.exists() else ""
+        if text in content:
+            return content
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} did not appear in {path} within {timeout}s:\n{path.read_text(errors='replace')}")
