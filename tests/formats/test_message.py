@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from tieredstore.formats.message import (
     SYSFLAG_STOREHOST_V6,
     HostAddress,
     MessageRecord,
+    RecordLayout,
     blank_record,
     body_crc,
     decode,
+    encode_properties,
     iter_records,
     java_string_hash,
     record_size_at,
@@ -200,6 +203,26 @@ def test_encode_then_decode_is_identity(record: MessageRecord) -> None:
     assert bool(decoded.sysflag & SYSFLAG_STOREHOST_V6) == record.store_host.is_ipv6
     assert decoded.magic == (MAGIC_V2 if len(record.topic) > 127 else MAGIC_V1)
     assert store_timestamp_of(raw) == record.store_timestamp
+
+
+@settings(max_examples=200, deadline=None)
+@given(records)
+def test_a_record_laid_down_in_place_is_byte_identical_to_encode(record: MessageRecord) -> None:
+    record = replace(record, sysflag=0, flag=0, reconsume_times=0, prepared_tx_offset=0)
+    topic_raw = record.topic.encode("utf-8")
+    layout = RecordLayout(topic_raw, born_host=record.born_host, store_host=record.store_host)
+    tail = layout.tail(encode_properties(record.properties))
+    size = layout.fixed_size + len(record.body) + len(tail)
+    buffer = bytearray(b"\xee" * (size + 10))
+    layout.fixed.pack_into(
+        buffer, 5, size, layout.magic, body_crc(record.body), record.queue_id, 0, record.queue_offset,
+        record.physical_offset, layout.sysflag, record.born_timestamp, layout.born_raw, record.store_timestamp,
+        layout.store_raw, 0, 0, len(record.body),
+    )  # fmt: skip
+    buffer[5 + layout.fixed_size : 5 + size - len(tail)] = record.body
+    buffer[5 + size - len(tail) : 5 + size] = tail
+    assert bytes(buffer[5 : 5 + size]) == record.encode()
+    assert buffer[:5] == buffer[5 + size :][:5] == b"\xee" * 5
 
 
 @settings(max_examples=200, deadline=None)

@@ -294,6 +294,48 @@ def encode_raw(
     )
 
 
+class RecordLayout:
+    """The parts of every record of one topic from one born/store host pair, worked out once.
+
+    A writer packs ``fixed`` (TOTALSIZE .. BODYLEN, every field at its final value) straight into
+    its buffer, then the body, then ``tail(properties_raw)`` (topic length, topic, properties), so a
+    record is laid down without building an intermediate bytes object. The bytes are exactly
+    ``encode_raw``'s for the same fields.
+    """
+
+    __slots__ = ("born_raw", "empty_tail", "fixed", "fixed_size", "magic", "store_raw", "sysflag", "topic_part")
+
+    def __init__(
+        self, topic_raw: bytes, *, born_host: HostAddress, store_host: HostAddress, magic: int | None = None
+    ) -> None:
+        if magic is None:
+            magic = MAGIC_V2 if len(topic_raw) > 127 else MAGIC_V1
+        if magic == MAGIC_V2:
+            topic_len = struct.pack(">h", len(topic_raw))
+        elif len(topic_raw) > 127:
+            raise InvalidPropertyError(f"a v1 record holds topics up to 127 bytes, not {len(topic_raw)}; use v2")
+        else:
+            topic_len = bytes((len(topic_raw),))
+        self.magic = magic
+        self.sysflag = (SYSFLAG_BORNHOST_V6 if born_host.is_ipv6 else 0) | (
+            SYSFLAG_STOREHOST_V6 if store_host.is_ipv6 else 0
+        )
+        self.born_raw = born_host.encode()
+        self.store_raw = store_host.encode()
+        self.fixed = struct.Struct(f">iIiiiqqiq{len(self.born_raw)}sq{len(self.store_raw)}siqi")
+        self.fixed_size = self.fixed.size
+        self.topic_part = topic_len + topic_raw
+        self.empty_tail = self.topic_part + b"\x00\x00"
+
+    def tail(self, properties_raw: bytes) -> bytes:
+        """TOPICLEN, TOPIC, PROPLEN and PROPERTIES: everything after the body."""
+        if not properties_raw:
+            return self.empty_tail
+        if len(properties_raw) > 0x7FFF:
+            raise InvalidPropertyError(f"properties are {len(properties_raw)} bytes; the format allows 32767")
+        return self.topic_part + struct.pack(">h", len(properties_raw)) + properties_raw
+
+
 def blank_record(size: int) -> bytes:
     """The end-of-file filler: TOTALSIZE = size, blank magic, zeros after."""
     return BLANK_HEADER.pack(size, MAGIC_BLANK) + bytes(max(0, size - BLANK_HEADER.size))
