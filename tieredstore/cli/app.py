@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import click
 import typer
+from typer.exceptions import TyperException
 
 from tieredstore import errors
 from tieredstore.cli.output import Output, OutputFormat
@@ -122,7 +123,7 @@ def _register_commands() -> None:
     # whichever module imports it first.
     import importlib
 
-    for module in ("db", "run"):
+    for module in ("db", "run", "inspect", "read", "put"):
         importlib.import_module(f"tieredstore.cli.{module}")
 
 
@@ -132,13 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
         app(args=argv, prog_name="tieredstore", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, typer.Abort):
         print("tieredstore: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except click.exceptions.Exit as exc:
+    except (click.exceptions.Exit, typer.Exit) as exc:
         return int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
+    except (click.ClickException, TyperException) as exc:
+        # Newer typer vendors click: its usage errors derive from TyperException, not click's classes.
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            print(f"tieredstore: error: {exc.format_message()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("tieredstore: interrupted", file=sys.stderr)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 OutputFormat = Literal["text", "json"]
 
@@ -37,17 +38,49 @@ class Output:
     def is_json(self) -> bool:
         return self.format == "json"
 
-    def table(self, title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-        """A list of records: a table in text mode, ``{"title":..., "rows": [...]}`` in JSON."""
+    def table(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        formatters: Mapping[str, Callable[[Any], str]] | None = None,
+    ) -> None:
+        """A list of records: a table in text mode, ``{"title":..., "rows": [...]}`` in JSON.
+
+        ``formatters`` render a column's values for people (times, sizes); JSON keeps the raw values.
+        """
         if self.is_json:
             self.json({"title": title, "rows": [dict(r) for r in rows]})
             return
+        self.console.print(self.render_table(title, columns, rows, formatters=formatters))
+
+    def render_table(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        formatters: Mapping[str, Callable[[Any], str]] | None = None,
+    ) -> Table:
+        """The rich table ``table`` prints in text mode (for live views that redraw it)."""
+        render = formatters or {}
         table = Table(title=title)
         for column in columns:
-            table.add_column(column)
+            # Fold, never truncate: a shortened offset or topic name would be a wrong answer.
+            table.add_column(column, overflow="fold")
         for row in rows:
-            table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-        self.console.print(table)
+            cells = []
+            for column in columns:
+                value = row.get(column)
+                if value is None:
+                    cells.append("")
+                elif column in render:
+                    cells.append(render[column](value))
+                else:
+                    cells.append(str(value))
+            table.add_row(*(Text(cell) for cell in cells))
+        return table
 
     def record(self, title: str, values: Mapping[str, Any]) -> None:
         """One record: ``key: value`` lines in text mode, the object in JSON."""

@@ -1,0 +1,344 @@
+"""``tieredstore status | topics | queues | segments``: what is where, read without changing anything."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+
+from tieredstore.cli.app import app, state
+from tieredstore.cli.common import (
+    LIVE_STATUSES,
+    ReadNode,
+    checked_queue_id,
+    checked_topic,
+    iso,
+    now_ms,
+    open_read_node,
+    run,
+)
+from tieredstore.errors import NotFoundError
+from tieredstore.formats.naming import FileType, segment_key
+from tieredstore.metadata import SegmentFileType, SegmentRecord, SegmentStatus
+
+STATUS_COLUMNS = (
+    "topic",
+    "queue_id",
+    "hot_min",
+    "hot_max",
+    "archived",
+    "cold_min",
+    "lag",
+    "unarchived_age_ms",
+    "cold_bytes",
+    "commit_log_segments",
+    "consume_queue_segments",
+)
+
+
+def human_bytes(value: Any) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+def human_age(value: Any) -> str:
+    seconds = int(value) / 1000
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _iso_text(value: Any) -> str:
+    return iso(int(value)) or ""
+
+
+TIME_FORMAT: dict[str, Callable[[Any], str]] = {
+    "begin_timestamp": _iso_text,
+    "end_timestamp": _iso_text,
+    "sealed_timestamp": _iso_text,
+    "created_timestamp": _iso_text,
+    "created": _iso_text,
+}
+SIZE_FORMAT: dict[str, Callable[[Any], str]] = {
+    "cold_bytes": human_bytes,
+    "size": human_bytes,
+    "commit_log_bytes": human_bytes,
+    "consume_queue_bytes": human_bytes,
+}
+
+
+@dataclass
+class _ColdFiles:
+    """One queue's live segment rows, by file type."""
+
+    commit_log: list[SegmentRecord]
+    consume_queue: list[SegmentRecord]
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.size for r in self.commit_log) + sum(r.size for r in self.consume_queue)
+
+    @property
+    def time_range(self) -> tuple[int | None, int | None]:
+        begins = [r.begin_timestamp for r in self.commit_log if r.begin_timestamp is not None]
+        ends = [r.end_timestamp for r in self.commit_log if r.end_timestamp is not None]
+        return (min(begins) if begins else None, max(ends) if ends else None)
+
+
+def _cold_files(node: ReadNode) -> dict[str, _ColdFiles]:
+    grouped = node.metadata.list_all_segments(
+        file_types=[FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value], statuses=LIVE_STATUSES
+    )
+    files: dict[str, _ColdFiles] = {}
+    for (path, file_type), rows in grouped.items():
+        entry = files.setdefault(path, _ColdFiles([], []))
+        if file_type is SegmentFileType.COMMIT_LOG:
+            entry.commit_log.extend(rows)
+        else:
+            entry.consume_queue.extend(rows)
+    return files
+
+
+def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, Any]]:
+    """One row per queue known to metadata or the hot store (see README "status" for the fields)."""
+    positions = {(p.topic, p.queue_id): p for p in node.metadata.list_queues(topic)}
+    files = _cold_files(node)
+    hot = node.hot
+    keys = set(positions)
+    if hot is not None:
+        keys.update(k for k in hot.queues() if topic is None or k[0] == topic)
+    now = now_ms()
+    rows = []
+    for key in sorted(keys):
+        position = positions.get(key)
+        cold = files.get(node.flat.queue_path(*key), _ColdFiles([], []))
+        row: dict[str, Any] = dict.fromkeys(STATUS_COLUMNS)
+        row.update(
+            topic=key[0],
+            queue_id=key[1],
+            cold_bytes=cold.bytes,
+            commit_log_segments=len(cold.commit_log),
+            consume_queue_segments=len(cold.consume_queue),
+        )
+        archived = 0
+        if position is not None:
+            archived = position.max_offset
+            row.update(archived=position.max_offset, cold_min=position.min_offset)
+        if hot is not None:
+            hot_min, hot_max = hot.min_offset(*key), hot.max_offset(*key)
+            row.update(hot_min=hot_min, hot_max=hot_max, lag=max(0, hot_max - archived))
+            oldest = max(archived, hot_min)
+            if oldest < hot_max:
+                row["unarchived_age_ms"] = max(0, now - hot.store_timestamp(key[0], key[1], oldest))
+            else:
+                row["unarchived_age_ms"] = 0
+        rows.append(row)
+    return rows
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    topic: Annotated[str | None, typer.Argument(metavar="[TOPIC]", help="Only this topic.")] = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted.")] = False,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between refreshes with --watch.")] = 2.0,
+    times: Annotated[int, typer.Option(min=0, help="Stop --watch after this many refreshes (0: never).")] = 0,
+) -> None:
+    """Per queue: hot min/max, archived offset, lag, age of the oldest unarchived message, cold bytes, segments.
+
+    Example: tieredstore --data-dir /var/lib/tieredstore status --watch --interval 5
+    """
+    cli = state(ctx)
+    if topic is not None:
+        checked_topic(topic)
+
+    async def snapshot() -> list[dict[str, Any]]:
+        async with open_read_node(cli.config, hot=True) as node:
+            return await asyncio.to_thread(collect_status, node, topic)
+
+    formatters = {"cold_bytes": human_bytes, "unarchived_age_ms": human_age}
+    if not watch:
+        cli.output.table("status", STATUS_COLUMNS, run(snapshot()), formatters=formatters)
+        return
+    count = 0
+    if cli.output.is_json:
+        while True:
+            cli.output.json({"title": "status", "timestamp": now_ms(), "rows": run(snapshot())})
+            count += 1
+            if times and count >= times:
+                return
+            time.sleep(interval)
+    with Live(console=cli.output.console, auto_refresh=False) as live:
+        while True:
+            rows = run(snapshot())
+            live.update(
+                cli.output.render_table(f"status at {iso(now_ms())}", STATUS_COLUMNS, rows, formatters=formatters)
+            )
+            live.refresh()
+            count += 1
+            if times and count >= times:
+                return
+            time.sleep(interval)
+
+
+@app.command("topics")
+def topics(ctx: typer.Context) -> None:
+    """Every topic in the metadata store with its retention, queues, archived messages and cold bytes.
+
+    Example: tieredstore --output json topics
+    """
+    cli = state(ctx)
+
+    async def collect() -> list[dict[str, Any]]:
+        async with open_read_node(cli.config) as node:
+            return await asyncio.to_thread(_topic_rows, node)
+
+    columns = ("topic", "reserve_hours", "status", "queues", "archived_messages", "cold_bytes", "created")
+    cli.output.table("topics", columns, run(collect()), formatters={**SIZE_FORMAT, **TIME_FORMAT})
+
+
+def _topic_rows(node: ReadNode) -> list[dict[str, Any]]:
+    files = _cold_files(node)
+    queues = node.metadata.list_queues()
+    rows = []
+    for info in node.metadata.list_topics():
+        mine = [q for q in queues if q.topic == info.name]
+        paths = {node.flat.queue_path(q.topic, q.queue_id) for q in mine}
+        rows.append(
+            {
+                "topic": info.name,
+                "reserve_hours": info.reserve_hours,
+                "status": info.status.value,
+                "queues": len(mine),
+                "archived_messages": sum(q.max_offset - q.min_offset for q in mine),
+                "cold_bytes": sum(files[p].bytes for p in paths if p in files),
+                "created": info.created,
+            }
+        )
+    return rows
+
+
+@app.command("queues")
+def queues(ctx: typer.Context, topic: Annotated[str, typer.Argument(metavar="TOPIC", help="The topic.")]) -> None:
+    """A topic's queues: cold min and archived offsets, hot min/max, cold bytes, segments and time range.
+
+    Example: tieredstore queues Orders
+    """
+    cli = state(ctx)
+    checked_topic(topic)
+
+    async def collect() -> list[dict[str, Any]]:
+        async with open_read_node(cli.config, hot=True) as node:
+            return await asyncio.to_thread(_queue_rows, node, topic)
+
+    columns = (
+        "queue_id",
+        "cold_min",
+        "archived",
+        "hot_min",
+        "hot_max",
+        "commit_log_bytes",
+        "consume_queue_bytes",
+        "segments",
+        "begin_timestamp",
+        "end_timestamp",
+    )
+    cli.output.table(f"queues of {topic}", columns, run(collect()), formatters={**SIZE_FORMAT, **TIME_FORMAT})
+
+
+def _queue_rows(node: ReadNode, topic: str) -> list[dict[str, Any]]:
+    positions = {p.queue_id: p for p in node.metadata.list_queues(topic)}
+    hot_ids = {q for t, q in node.hot.queues() if t == topic} if node.hot is not None else set()
+    if not positions and not hot_ids:
+        raise NotFoundError(f"topic {topic!r} has no queue in the metadata store or the hot store")
+    files = _cold_files(node)
+    rows = []
+    for queue_id in sorted(set(positions) | hot_ids):
+        cold = files.get(node.flat.queue_path(topic, queue_id), _ColdFiles([], []))
+        position = positions.get(queue_id)
+        begin, end = cold.time_range
+        row: dict[str, Any] = {
+            "queue_id": queue_id,
+            "cold_min": position.min_offset if position else None,
+            "archived": position.max_offset if position else None,
+            "hot_min": node.hot.min_offset(topic, queue_id) if node.hot is not None else None,
+            "hot_max": node.hot.max_offset(topic, queue_id) if node.hot is not None else None,
+            "commit_log_bytes": sum(r.size for r in cold.commit_log),
+            "consume_queue_bytes": sum(r.size for r in cold.consume_queue),
+            "segments": len(cold.commit_log) + len(cold.consume_queue),
+            "begin_timestamp": begin,
+            "end_timestamp": end,
+        }
+        rows.append(row)
+    return rows
+
+
+_TYPE_CHOICES: Mapping[str, FileType] = {
+    "commit_log": FileType.COMMIT_LOG,
+    "consume_queue": FileType.CONSUME_QUEUE,
+}
+
+
+@app.command("segments")
+def segments(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(metavar="TOPIC", help="The topic.")],
+    queue_id: Annotated[int, typer.Argument(metavar="QUEUE_ID", help="The queue id.")],
+    file_type: Annotated[
+        str | None, typer.Option("--type", help="commit_log or consume_queue (default: both).")
+    ] = None,
+    include_deleted: Annotated[bool, typer.Option("--all", help="Also DELETING and DELETED segments.")] = False,
+) -> None:
+    """A queue's cold segments: type, base offset, size, state, object key and time range.
+
+    Example: tieredstore segments Orders 3 --type commit_log
+    """
+    cli = state(ctx)
+    checked_topic(topic)
+    checked_queue_id(queue_id)
+    types = list(_TYPE_CHOICES.values())
+    if file_type is not None:
+        chosen = _TYPE_CHOICES.get(file_type.lower())
+        if chosen is None:
+            raise typer.BadParameter(f"{file_type!r} is not one of {', '.join(_TYPE_CHOICES)}", param_hint="--type")
+        types = [chosen]
+    statuses = list(SegmentStatus) if include_deleted else list(LIVE_STATUSES)
+
+    async def collect() -> list[dict[str, Any]]:
+        async with open_read_node(cli.config) as node:
+            await asyncio.to_thread(node.metadata.get_queue, topic, queue_id)
+            path = node.flat.queue_path(topic, queue_id)
+            rows = []
+            for kind in types:
+                records = await asyncio.to_thread(node.metadata.list_segments, path, kind.value, statuses=statuses)
+                rows.extend(
+                    {
+                        "file_type": kind.value,
+                        "base_offset": r.base_offset,
+                        "size": r.size,
+                        "status": r.status.value,
+                        "begin_timestamp": r.begin_timestamp,
+                        "end_timestamp": r.end_timestamp,
+                        "sealed_timestamp": r.sealed_timestamp,
+                        "created_timestamp": r.created_timestamp,
+                        "key": segment_key(path, kind, r.base_offset),
+                    }
+                    for r in records
+                )
+            return rows
+
+    columns = ("file_type", "base_offset", "size", "status", "begin_timestamp", "end_timestamp", "key")
+    cli.output.table(
+        f"segments of {topic}/{queue_id}", columns, run(collect()), formatters={**SIZE_FORMAT, **TIME_FORMAT}
+    )
