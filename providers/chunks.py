@@ -32,7 +32,9 @@ from tieredstore.providers.base import FileSegment, Provider, SegmentId
 from tieredstore.providers.paths import check_logical_path
 
 CREATED_MARKER = ".created"
-_CHUNK_NAME = re.compile(r"^\d{20}$")
+# ASCII digits only, matched whole: "\d" takes any Unicode digit and "$" a trailing newline, and either
+# would let a foreign object alias a chunk.
+_CHUNK_NAME = re.compile(r"[0-9]{20}")
 
 
 def chunk_name(start: int) -> str:
@@ -42,7 +44,7 @@ def chunk_name(start: int) -> str:
 
 def parse_chunk_name(name: str) -> int | None:
     """The start position in a chunk name, or None for any other object (the marker, foreign files)."""
-    return int(name) if _CHUNK_NAME.match(name) else None
+    return int(name) if _CHUNK_NAME.fullmatch(name) else None
 
 
 @dataclass(frozen=True, slots=True)

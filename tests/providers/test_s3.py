@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.s3 import S3Server
-from tests.providers.fault_proxy import FaultProxy, FaultRule
+from tests.fixtures.faultproxy import FaultProxy, FaultRule
 from tieredstore.errors import (
     CommitConflictError,
     ConfigError,

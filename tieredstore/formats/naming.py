@@ -13,10 +13,12 @@ import re
 
 from tieredstore.errors import InvalidTopicError, ValidationError
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# Both patterns are matched whole (fullmatch): "$" would also match before a trailing newline, and the
+# segment digits are ASCII only, since "\d" takes any Unicode digit; either would let two names alias.
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 TOPIC_MAX_LENGTH = 127
 INDEX_TOPIC = "rmq_sys_INDEX"
-_SEGMENT_NAME = re.compile(r"^([0-9a-f]{8})(\d{20})$")
+_SEGMENT_NAME = re.compile(r"([0-9a-f]{8})([0-9]{20})")
 
 
 class FileType(enum.StrEnum):
@@ -33,7 +35,7 @@ def validate_topic(topic: str) -> str:
         raise InvalidTopicError("topic name is empty; it must match ^[%|a-zA-Z0-9_-]+$")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise InvalidTopicError(f"topic name is {len(topic)} characters; at most {TOPIC_MAX_LENGTH} are allowed")
-    if not TOPIC_PATTERN.match(topic):
+    if not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidTopicError(
             f"topic name {topic!r} may only contain letters, digits, '%', '|', '_' and '-' (^[%|a-zA-Z0-9_-]+$)"
         )
@@ -53,7 +55,7 @@ def segment_name(base_offset: int) -> str:
 
 def parse_segment_name(name: str) -> int:
     """The base offset in a segment name; ValidationError if the name or its hash prefix is wrong."""
-    match = _SEGMENT_NAME.match(name)
+    match = _SEGMENT_NAME.fullmatch(name)
     if match is None:
         raise ValidationError(f"{name!r} is not a segment name (8 hex digits then 20 digits)")
     base = int(match.group(2))
