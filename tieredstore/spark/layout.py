@@ -1,0 +1,287 @@
+"""Where a queue's archive lives, found from metadata or by listing, and a read-only view over it.
+
+The Spark source must never change the archive it reads: ``FlatMessageFile.recover`` corrects sizes
+and removes orphan bytes, which is the archiver's job. ``ArchiveView`` therefore builds plain
+provider segment handles from the sizes it was given and only reads through them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
+from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, queue_path
+from tieredstore.metadata import MetadataStore, SegmentFileType, SegmentRecord
+from tieredstore.providers.base import FileSegment, Provider
+
+RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # every fixed header field up to STORETIMESTAMP, IPv6 hosts included
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSpan:
+    """One segment: where it starts in its logical file, its committed size, its store-time range if known."""
+
+    base_offset: int
+    size: int
+    begin_timestamp: int | None = None
+    end_timestamp: int | None = None
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.size
+
+    def may_hold_time(self, start_ms: int | None, end_ms: int | None) -> bool:
+        """Whether a record stored in [start_ms, end_ms) can be here; True when the times are unknown."""
+        if self.begin_timestamp is None or self.end_timestamp is None:
+            return True
+        if start_ms is not None and self.end_timestamp < start_ms:
+            return False
+        return not (end_ms is not None and self.begin_timestamp >= end_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLayout:
+    """One queue's archived range and segments. ``max_offset`` is exclusive (the archived offset)."""
+
+    topic: str
+    queue_id: int
+    path: str
+    min_offset: int
+    max_offset: int
+    commit_log: tuple[SegmentSpan, ...]
+    consume_queue: tuple[SegmentSpan, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        return self.max_offset <= self.min_offset or not self.commit_log or not self.consume_queue
+
+
+class ArchiveView:
+    """Reads one queue's consume queue and commit log at the sizes its layout names; never writes."""
+
+    def __init__(self, provider: Provider, layout: QueueLayout) -> None:
+        self.provider = provider
+        self.layout = layout
+        self._commit_log = [self._segment(FileType.COMMIT_LOG, span) for span in layout.commit_log]
+        self._consume_queue = [self._segment(FileType.CONSUME_QUEUE, span) for span in layout.consume_queue]
+        self._commit_log_bases = [span.base_offset for span in layout.commit_log]
+        self._consume_queue_bases = [span.base_offset for span in layout.consume_queue]
+        self._units: dict[int, ConsumeQueueUnit] = {}
+
+    def _segment(self, file_type: FileType, span: SegmentSpan) -> FileSegment:
+        return self.provider.segment(file_type, self.layout.path, span.base_offset, commit_position=span.size)
+
+    def _find(self, bases: Sequence[int], segments: Sequence[FileSegment], offset: int, what: str) -> FileSegment:
+        index = bisect.bisect_right(bases, offset) - 1
+        if index < 0:
+            raise NotFoundError(f"{self.layout.path}/{what}: offset {offset} is below the first segment")
+        return segments[index]
+
+    def commit_log_segment(self, offset: int) -> FileSegment:
+        """The commit-log segment holding byte ``offset``."""
+        return self._find(self._commit_log_bases, self._commit_log, offset, FileType.COMMIT_LOG.value)
+
+    def object_name(self, segment: FileSegment) -> str:
+        """The segment as a user finds it in storage: the provider URL and the segment key."""
+        return f"{self.provider.url.rstrip('/')}/{segment.key}"
+
+    async def read_commit_log(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` committed bytes from ``offset``, within the one segment holding ``offset``."""
+        segment = self.commit_log_segment(offset)
+        return await segment.read(offset - segment.base_offset, length)
+
+    async def units(self, queue_offset: int, count: int) -> list[ConsumeQueueUnit]:
+        """``count`` units from ``queue_offset`` (within one consume-queue segment); CorruptRecordError if short."""
+        position = queue_offset * UNIT_SIZE
+        segment = self._find(self._consume_queue_bases, self._consume_queue, position, FileType.CONSUME_QUEUE.value)
+        raw = await segment.read(position - segment.base_offset, count * UNIT_SIZE)
+        if len(raw) < UNIT_SIZE:
+            raise CorruptRecordError(
+                f"no consume-queue unit for queue offset {queue_offset}",
+                location=self.object_name(segment),
+                offset=position - segment.base_offset,
+            )
+        found = [ConsumeQueueUnit.decode(raw, at) for at in range(0, len(raw) - len(raw) % UNIT_SIZE, UNIT_SIZE)]
+        for index, unit in enumerate(found):
+            self._units[queue_offset + index] = unit
+        return found
+
+    async def unit(self, queue_offset: int) -> ConsumeQueueUnit:
+        cached = self._units.get(queue_offset)
+        if cached is None:
+            cached = (await self.units(queue_offset, 1))[0]
+        return cached
+
+    async def record_head(self, offset: int) -> bytes:
+        head = await self.read_commit_log(offset, RECORD_HEAD_SIZE)
+        if len(head) < MIN_RECORD_SIZE:
+            segment = self.commit_log_segment(offset)
+            raise CorruptRecordError(
+                f"only {len(head)} committed bytes where a record should start",
+                location=self.object_name(segment),
+                offset=offset - segment.base_offset,
+            )
+        return head
+
+    async def first_queue_offset(self, span: SegmentSpan) -> int:
+        """QUEUEOFFSET of the first record of a commit-log segment."""
+        (queue_offset,) = struct.unpack_from(">q", await self.record_head(span.base_offset), POS_QUEUE_OFFSET)
+        return int(queue_offset)
+
+    async def store_timestamp(self, queue_offset: int) -> int:
+        return store_timestamp_of(await self.record_head((await self.unit(queue_offset)).commitlog_offset))
+
+    async def first_stored_at_or_after(self, timestamp_ms: int, low: int, high: int) -> int:
+        """The smallest queue offset in [low, high) stored at or after ``timestamp_ms``; ``high`` if none.
+
+        Binary search: assumes store times do not decrease along the queue, as the archiver writes them.
+        """
+        while low < high:
+            middle = (low + high) // 2
+            if await self.store_timestamp(middle) < timestamp_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    async def last_starting_at_or_before(
+        self, commitlog_offset: int, low: int, high: int
+    ) -> tuple[int, ConsumeQueueUnit]:
+        """Of the queue offsets in [low, high), the last whose record starts at or before ``commitlog_offset``.
+
+        Returns that queue offset and its unit; the caller guarantees the record at ``low`` qualifies.
+        """
+        high -= 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if (await self.unit(middle)).commitlog_offset <= commitlog_offset:
+                low = middle
+            else:
+                high = middle - 1
+        return low, await self.unit(low)
+
+
+# ---- discovery ------------------------------------------------------------------------------------
+
+
+def _spans(records: Sequence[SegmentRecord]) -> tuple[SegmentSpan, ...]:
+    ordered = sorted(records, key=lambda record: record.base_offset)
+    return tuple(SegmentSpan(r.base_offset, r.size, r.begin_timestamp, r.end_timestamp) for r in ordered)
+
+
+def _bounded_layout(
+    topic: str,
+    queue_id: int,
+    path: str,
+    min_offset: int,
+    max_offset: int,
+    commit_log: tuple[SegmentSpan, ...],
+    consume_queue: tuple[SegmentSpan, ...],
+) -> QueueLayout:
+    """Clamp the offsets to what the consume-queue segments can hold (retention may lag one another)."""
+    if consume_queue:
+        min_offset = max(min_offset, consume_queue[0].base_offset // UNIT_SIZE)
+        max_offset = min(max_offset, consume_queue[-1].end_offset // UNIT_SIZE)
+    return QueueLayout(topic, queue_id, path, min_offset, max(min_offset, max_offset), commit_log, consume_queue)
+
+
+def layouts_from_metadata(
+    metadata: MetadataStore,
+    topics: Sequence[str],
+    *,
+    cluster: str,
+    broker: str,
+    queue_allowed: Callable[[int], bool],
+) -> list[QueueLayout]:
+    """Every queue of ``topics`` the metadata store knows: two queries per topic plus one for all segments.
+
+    A topic the store does not know is a NotFoundError (most often a typo in ``load()``).
+    """
+    positions = []
+    for topic in topics:
+        metadata.get_topic(topic)
+        positions += [p for p in metadata.list_queues(topic) if queue_allowed(p.queue_id)]
+    # Positions are read before segments: a commit in between only makes segments longer than needed.
+    grouped = metadata.list_all_segments(
+        file_types=[SegmentFileType.COMMIT_LOG.value, SegmentFileType.CONSUME_QUEUE.value]
+    )
+    layouts = []
+    for position in positions:
+        path = queue_path(cluster, broker, position.topic, position.queue_id)
+        layouts.append(
+            _bounded_layout(
+                position.topic,
+                position.queue_id,
+                path,
+                position.min_offset,
+                position.max_offset,
+                _spans(grouped.get((path, SegmentFileType.COMMIT_LOG), [])),
+                _spans(grouped.get((path, SegmentFileType.CONSUME_QUEUE), [])),
+            )
+        )
+    return layouts
+
+
+async def _listed_spans(provider: Provider, path: str, file_type: FileType) -> tuple[SegmentSpan, ...]:
+    bases = await provider.list_segments(path, file_type)
+    sizes = await asyncio.gather(*(provider.segment(file_type, path, base).real_size() for base in bases))
+    return tuple(SegmentSpan(base, size) for base, size in zip(bases, sizes, strict=True))
+
+
+async def _listed_layout(provider: Provider, topic: str, queue_id: int, path: str) -> QueueLayout:
+    # The consume queue is listed first: the archiver commits the commit log before it, so every unit
+    # listed here points at commit-log bytes that the later listing sees.
+    consume_queue = await _listed_spans(provider, path, FileType.CONSUME_QUEUE)
+    commit_log = await _listed_spans(provider, path, FileType.COMMIT_LOG)
+    if not consume_queue:
+        return QueueLayout(topic, queue_id, path, 0, 0, commit_log, consume_queue)
+    min_offset = consume_queue[0].base_offset // UNIT_SIZE
+    max_offset = consume_queue[-1].end_offset // UNIT_SIZE
+    return QueueLayout(topic, queue_id, path, min_offset, max(min_offset, max_offset), commit_log, consume_queue)
+
+
+async def layouts_by_listing(
+    provider: Provider,
+    topics: Sequence[str],
+    *,
+    cluster: str,
+    broker: str | None,
+    queue_allowed: Callable[[int], bool],
+    concurrency: int,
+) -> list[QueueLayout]:
+    """Every queue of ``topics`` found under the cold URL, under one broker or (``broker`` None) all of them.
+
+    Costs a listing per folder level and a size lookup per segment. A topic with no folder under any
+    broker is a NotFoundError: without metadata an empty topic and a misspelt one look the same.
+    """
+    cluster_path = cluster_folder(cluster)
+    brokers = [broker] if broker is not None else await provider.list_children(cluster_path)
+    found_topics: set[str] = set()
+    queues: list[tuple[str, int, str]] = []
+    for broker_name in brokers:
+        broker_path = f"{cluster_path}/{broker_name}"
+        present = set(await provider.list_children(broker_path)) - {INDEX_TOPIC}
+        for topic in topics:
+            if topic not in present:
+                continue
+            found_topics.add(topic)
+            for child in await provider.list_children(f"{broker_path}/{topic}"):
+                if child.isdigit() and queue_allowed(int(child)):
+                    queues.append((topic, int(child), f"{broker_path}/{topic}/{child}"))
+    missing = [topic for topic in topics if topic not in found_topics]
+    if missing:
+        where = f"{cluster_path}/{broker}" if broker is not None else f"{cluster_path}/<any broker>"
+        raise NotFoundError(f"no archive folder for topic(s) {missing} under {where} in {provider.url}")
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(topic: str, queue_id: int, path: str) -> QueueLayout:
+        async with limit:
+            return await _listed_layout(provider, topic, queue_id, path)
+
+    return list(await asyncio.gather(*(one(*queue) for queue in queues)))

@@ -1,0 +1,89 @@
+"""The ``tieredstore`` PySpark data source: ``spark.read.format("tieredstore")`` over archived queues.
+
+Spark runs each piece in a Python worker: ``schema`` when ``load()`` is called, ``reader``,
+``pushFilters`` and ``partitions`` when the query is planned (on the driver's machine: this is where
+the metadata database must be reachable), and ``read`` once per partition in a task. The reader is
+pickled to the tasks with its options, which is how S3 credentials reach executors; they are in no
+partition and in no ``repr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
+
+from tieredstore.spark.filters import ScanFilter, push_filters
+from tieredstore.spark.options import ScanOptions
+from tieredstore.spark.planning import PartitionPlan, plan_partitions
+from tieredstore.spark.reading import read_partition
+from tieredstore.spark.schema import spark_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+FORMAT_NAME = "tieredstore"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+class TieredStorePartition(InputPartition):
+    """One planned partition, as Spark carries it to a task."""
+
+    def __init__(self, plan: PartitionPlan) -> None:
+        super().__init__(plan)
+        self.plan = plan
+
+    def __repr__(self) -> str:
+        return f"TieredStorePartition({self.plan})"
+
+
+class TieredStoreReader(DataSourceReader):
+    """Plans partitions from metadata (or by listing) and reads each one in its own event loop."""
+
+    def __init__(self, options: ScanOptions) -> None:
+        self.options = options
+        self.scan_filter = ScanFilter()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.scan_filter, unsupported = push_filters(filters)
+        return unsupported
+
+    def partitions(self) -> list[InputPartition]:
+        return [TieredStorePartition(plan) for plan in plan_partitions(self.options, self.scan_filter)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Spark substitutes one InputPartition(None) when nothing survived planning.
+        if not isinstance(partition, TieredStorePartition):
+            return iter(())
+        return read_partition(partition.plan, self.options)
+
+    def __repr__(self) -> str:
+        return f"TieredStoreReader({self.options!r}, {self.scan_filter!r})"
+
+
+class TieredStoreDataSource(DataSource):
+    """``spark.read.format("tieredstore").option("cold_url", ...).load("topic[,topic...]")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        ScanOptions.parse(self.options)  # bad options fail at load(), not at the first action
+        return spark_schema()
+
+    def reader(self, schema: StructType) -> TieredStoreReader:
+        return TieredStoreReader(ScanOptions.parse(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``tieredstore`` format with ``spark`` and turn on Python filter pushdown.
+
+    Without ``spark.sql.python.filterPushdown.enabled`` Spark refuses a source that pushes filters,
+    so this sets it for the session.
+    """
+    spark.dataSource.register(TieredStoreDataSource)
+    spark.conf.set(PUSHDOWN_CONF, "true")
