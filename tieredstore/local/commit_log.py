@@ -8,6 +8,7 @@ past it is ever served.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,11 @@ class CommitLog:
         self.flushed_offset = 0
         # Logical offset below which every byte has a file and reserved disk blocks: puts below it skip prepare().
         self._reserved_upto = 0
+        # The last file, for appends that need no planning: a record may go at any offset in
+        # [tail_start, tail_limit - size] straight into tail_buffer, leaving room for a blank header.
+        self.tail_buffer: mmap.mmap | None = None
+        self.tail_start = 0
+        self.tail_limit = -1
 
     @classmethod
     def load(cls, directory: Path, *, file_size: int, writable: bool) -> CommitLog:
@@ -120,6 +126,16 @@ class CommitLog:
             file.reserve(begin, min(target + END_FILE_MIN_BLANK_LENGTH, file.end_offset) - file.start_offset)
         last = self.files[-1]
         self._reserved_upto = last.start_offset + last.allocated_upto
+        self._refresh_tail()
+
+    def _refresh_tail(self) -> None:
+        if not self.files or not self.writable:
+            self.tail_buffer, self.tail_start, self.tail_limit = None, 0, -1
+            return
+        last = self.files[-1]
+        self.tail_buffer = last.buffer
+        self.tail_start = last.start_offset
+        self.tail_limit = min(self._reserved_upto, last.end_offset) - END_FILE_MIN_BLANK_LENGTH
 
     def _add_file(self, start: int) -> None:
         path = self.directory / hot_file_name(start)
@@ -218,14 +234,18 @@ class CommitLog:
             holder.flush()
         self.write_offset = self.flushed_offset = valid_end
         self._reserved_upto = 0
+        self._refresh_tail()
         return cleared, removed
 
     def delete_first_file(self) -> MappedFile:
         file = self.files.pop(0)
         file.delete()
         fsync_directory(self.directory)
+        self._refresh_tail()
         return file
 
     def close(self) -> None:
+        self._reserved_upto = 0
+        self._refresh_tail()
         for file in self.files:
             file.close()

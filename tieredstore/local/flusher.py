@@ -1,15 +1,20 @@
-"""The flush thread: group commit for sync puts, and the periodic flush plus checkpoint for both modes.
+"""Group commit for sync puts, and the flush thread that periodically flushes everything and writes the checkpoint.
 
-A sync put registers the commit-log offset it needs durable and waits. The thread flushes up to
-the current write position in one msync, which covers every put that arrived in the meantime, and
-wakes them all: one disk sync for many puts. Every ``flush_interval`` it also flushes the consume
-queues and writes the checkpoint.
+A sync put waits in ``wait_durable`` for the commit-log offset it needs durable. If no commit-log
+sync is running, the waiter leads one itself (no hand-off to another thread): it takes everything
+written so far as the sync's target, so one disk sync covers every put that landed before it
+started. Waiters arriving while a sync runs follow it: those whose bytes it covers wait for just
+that sync; later ones wait for it to end and then lead or follow the next. Each sync wakes only
+the waiters of that sync, never a shared crowd. The disk sync runs with the GIL released, so
+producers keep appending (and gathering into the next sync) while it runs.
+
+Every ``flush_interval`` the thread flushes the consume queues and the commit log and writes the
+checkpoint, in both flush modes.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,8 +32,19 @@ class FlushStats:
     sync_waits: int = 0
 
 
+class _SyncRound:
+    """One commit-log sync to ``target``: its followers wait on ``done``; ``failure`` is what it raised."""
+
+    __slots__ = ("done", "failure", "target")
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.done = threading.Event()
+        self.failure: OSError | ValueError | None = None
+
+
 class Flusher:
-    """Owns the thread; ``flush_commit_log(upto)`` and ``flush_all()`` are the store's, called here only."""
+    """Owns the periodic thread and the group commit; ``flush_commit_log(upto)`` and ``flush_all()`` are the store's."""
 
     def __init__(
         self,
@@ -44,10 +60,9 @@ class Flusher:
         self._flushed_offset = flushed_offset
         self._flush_commit_log = flush_commit_log
         self._flush_all = flush_all
-        self._condition = threading.Condition()
-        self._requested = 0
-        self._stopping = False
-        self._failure: OSError | ValueError | None = None
+        self._round_lock = threading.Lock()
+        self._round: _SyncRound | None = None
+        self._stop = threading.Event()
         self.stats = FlushStats()
         self._thread = threading.Thread(target=self._run, name="tieredstore-hot-flush", daemon=True)
 
@@ -55,51 +70,49 @@ class Flusher:
         self._thread.start()
 
     def wait_durable(self, end_offset: int) -> None:
-        """Block until the commit log is flushed to ``end_offset``; re-raises a flush failure."""
-        with self._condition:
+        """Block until the commit log is durable up to ``end_offset``; re-raises the failure of a sync it needed."""
+        with self._round_lock:
             self.stats.sync_waits += 1
-            if end_offset > self._requested:
-                self._requested = end_offset
-                self._condition.notify_all()
-            while self._flushed_offset() < end_offset:
-                if self._failure is not None:
-                    raise self._failure
-                if self._stopping and not self._thread.is_alive():
-                    break
-                self._condition.wait()
+        while True:
+            with self._round_lock:
+                if self._flushed_offset() >= end_offset:
+                    return
+                current = self._round
+                if current is None:
+                    current = self._round = _SyncRound(self._write_offset())
+                    leading = True
+                else:
+                    leading = False
+            if leading:
+                self._lead(current)
+                if current.failure is not None:
+                    raise current.failure
+                continue
+            current.done.wait()
+            if current.failure is not None and end_offset <= current.target:
+                raise current.failure
+
+    def _lead(self, sync_round: _SyncRound) -> None:
+        try:
+            self._flush_commit_log(sync_round.target)
+            self.stats.commit_log_syncs += 1
+        except (OSError, ValueError) as exc:  # ValueError: a file closed under us
+            log.error("hot store commit-log sync failed", error=str(exc))
+            sync_round.failure = exc
+        finally:
+            with self._round_lock:
+                self._round = None
+            sync_round.done.set()
 
     def _run(self) -> None:
-        next_periodic = time.monotonic() + self._interval
-        while True:
-            with self._condition:
-                while not self._stopping and self._requested <= self._flushed_offset():
-                    remaining = next_periodic - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._condition.wait(remaining)
-                stopping = self._stopping
+        while not self._stop.wait(self._interval):
             try:
-                if self._requested > self._flushed_offset():
-                    self._flush_commit_log(self._write_offset())
-                    self.stats.commit_log_syncs += 1
-                if time.monotonic() >= next_periodic:
-                    self._flush_all()
-                    self.stats.periodic_flushes += 1
-                    next_periodic = time.monotonic() + self._interval
-                self._failure = None
-            except (OSError, ValueError) as exc:  # ValueError: an mmap closed under us
+                self._flush_all()
+                self.stats.periodic_flushes += 1
+            except (OSError, ValueError) as exc:
+                # The next interval retries; sync puts see their own failures in wait_durable.
                 log.error("hot store flush failed", error=str(exc))
-                self._failure = exc
-            with self._condition:
-                self._condition.notify_all()
-                if self._failure is not None and not stopping:
-                    # Back off instead of spinning on a failing disk; waiters have been told.
-                    self._condition.wait(self._interval)
-            if stopping:
-                return
 
     def stop(self) -> None:
-        with self._condition:
-            self._stopping = True
-            self._condition.notify_all()
+        self._stop.set()
         self._thread.join()

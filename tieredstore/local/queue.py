@@ -8,6 +8,7 @@ A read-only queue (a broker's directory) keeps the units it had to rebuild in me
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,11 @@ class ConsumeQueue:
         self.min_offset = 0
         self.max_offset = 0
         self._flushed_offset = 0
+        # The last file, for appends that need no file or reservation work: a unit whose bytes lie
+        # in [tail_start, ready_upto) goes straight into tail_buffer.
+        self._tail_buffer: mmap.mmap | None = None
+        self._tail_start = 0
+        self.ready_upto = 0
 
     @classmethod
     def load(cls, topic: str, queue_id: int, directory: Path, *, file_size: int, writable: bool) -> ConsumeQueue:
@@ -61,7 +67,17 @@ class ConsumeQueue:
             queue._find_bounds()
         queue._flushed_offset = queue.max_offset
         queue._memory_base = queue.max_offset
+        queue._refresh_tail()
         return queue
+
+    def _refresh_tail(self) -> None:
+        if not self._files or not self.writable:
+            self._tail_buffer, self._tail_start, self.ready_upto = None, 0, 0
+            return
+        last = self._files[-1]
+        self._tail_buffer = last.buffer
+        self._tail_start = last.start_offset
+        self.ready_upto = last.start_offset + last.allocated_upto
 
     def _find_bounds(self) -> None:
         first = self._files[0]
@@ -170,18 +186,41 @@ class ConsumeQueue:
         file.reserve(position, position + UNIT_SIZE)
         _UNIT.pack_into(file.buffer, position, unit.commitlog_offset, unit.size, unit.tag_hash)
         self.max_offset = queue_offset + 1
+        self._refresh_tail()
+
+    def room_for(self, count: int) -> bool:
+        """Whether the next ``count`` units can be appended with no file or reservation work."""
+        start_byte = self.max_offset * UNIT_SIZE
+        return self._tail_start <= start_byte and start_byte + count * UNIT_SIZE <= self.ready_upto
+
+    def append_unit(self, commitlog_offset: int, size: int, tag_hash: int) -> int:
+        """Append the unit of the next queue offset and publish it; returns that offset.
+
+        ``prepare`` (or a true ``room_for``) must have made room first; then this cannot fail.
+        """
+        queue_offset = self.max_offset
+        position = queue_offset * UNIT_SIZE - self._tail_start
+        if position >= 0 and self._tail_start + position + UNIT_SIZE <= self.ready_upto:
+            _UNIT.pack_into(self._tail_buffer, position, commitlog_offset, size, tag_hash)  # type: ignore[arg-type]
+            self.max_offset = queue_offset + 1
+        else:
+            self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), queue_offset)
+        return queue_offset
 
     def prepare(self, count: int) -> None:
         """Create and reserve disk for the next ``count`` units, so appending them cannot fail half-way."""
-        end_byte = (self.max_offset + count) * UNIT_SIZE
-        if self._files and end_byte <= self._files[-1].start_offset + self._files[-1].allocated_upto:
+        if self.room_for(count):
             return
-        while not self._files or self._files[-1].end_offset < end_byte:
-            self._add_file(self.max_offset * UNIT_SIZE)
+        end_byte = (self.max_offset + count) * UNIT_SIZE
         start_byte = self.max_offset * UNIT_SIZE
-        for file in self._files:
-            if file.end_offset > start_byte and file.start_offset < end_byte:
-                file.reserve(max(0, start_byte - file.start_offset), min(file.size, end_byte - file.start_offset))
+        try:
+            while not self._files or self._files[-1].end_offset < end_byte:
+                self._add_file(start_byte)
+            for file in self._files:
+                if file.end_offset > start_byte and file.start_offset < end_byte:
+                    file.reserve(max(0, start_byte - file.start_offset), min(file.size, end_byte - file.start_offset))
+        finally:
+            self._refresh_tail()
 
     def _add_file(self, byte_offset: int) -> None:
         start = self._files[-1].end_offset if self._files else byte_offset - byte_offset % self._new_file_size
@@ -215,6 +254,7 @@ class ConsumeQueue:
         file.zero_from(max(0, byte_offset - file.start_offset))
         file.flush()
         self._flushed_offset = min(self._flushed_offset, queue_offset)
+        self._refresh_tail()
         return dropped
 
     def flush(self) -> None:
@@ -238,11 +278,13 @@ class ConsumeQueue:
                 break
             self._files.pop(0)
             file.delete()
+            self._refresh_tail()
             deleted += 1
             self.min_offset = max(self.min_offset, self._files[0].start_offset // UNIT_SIZE)
         self.min_offset = self.lower_bound(commitlog_min_offset) if self._files else self.max_offset
         return deleted
 
     def close(self) -> None:
+        self._tail_buffer, self._tail_start, self.ready_upto = None, 0, 0
         for file in self._files:
             file.close()

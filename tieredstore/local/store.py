@@ -14,6 +14,7 @@ import shutil
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +39,13 @@ from tieredstore.formats.message import (
     NAME_VALUE_SEPARATOR,
     POS_BORN_HOST,
     POS_PHYSICAL_OFFSET,
-    POS_QUEUE_OFFSET,
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     MessageRecord,
+    RecordLayout,
     decode,
     encode_properties,
-    encode_raw,
     store_timestamp_of,
     tag_hash,
 )
@@ -63,6 +63,8 @@ _OFFSET = struct.Struct(">q")
 _HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
+# How long a disk-usage look stays good: statvfs on every put would cost more than the put.
+_DISK_CHECK_INTERVAL_MS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,15 +137,6 @@ class RetentionReport:
     commitlog_min_offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    topic: str
-    queue_id: int
-    raw: bytes
-    tag_hash: int
-    store_timestamp_position: int
-
-
 class LocalMessageStore:
     """An append-only message store in RocketMQ's layout; thread-safe; use as a context manager."""
 
@@ -154,14 +147,20 @@ class LocalMessageStore:
         self.config = config or LocalStoreConfig()
         self.read_only = read_only
         self._store_host = self.config.store_host_address
-        self._born_host_raw_len = len(self._store_host.encode())
+        self._max_queues = self.config.max_queues_per_topic
+        self._max_message_size = self.config.max_message_size
+        self._layouts: dict[str, RecordLayout] = {}
         self._put_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._last_store_timestamp = 0
         self._unit_count = 0
-        self._disk_checked_at = 0.0
+        self._disk_cap = self.config.hot_disk_max_bytes
+        # Wall-clock ms of the last disk-usage look and until when it stays good; a clock jump re-checks.
+        self._disk_checked_ms = 0
+        self._disk_ok_until = 0
         self._disk_full_reason: str | None = None
+        self._put_refusal: str | None = f"{self.root} is open read-only; puts are refused" if read_only else None
         self._closed = False
         self._lock_fd: int | None = None
         if read_only:
@@ -196,6 +195,7 @@ class LocalMessageStore:
                 flush_all=self.flush,
             )
             self._flusher.start()
+        self._sync_flusher = self._flusher if self.config.flush_mode == "sync" else None
         log.info(
             "hot store opened",
             data_dir=str(self.root),
@@ -407,6 +407,7 @@ class LocalMessageStore:
         if self._closed:
             return
         self._closed = True
+        self._put_refusal = "the hot store is closed"
         if self._flusher is not None:
             self._flusher.stop()
             with self._put_lock:
@@ -458,14 +459,28 @@ class LocalMessageStore:
         properties: Mapping[str, str] | None = None,
     ) -> PutResult:
         """Append one message; under sync flush it returns only once the message is on disk."""
-        return self._put([self._prepare(topic, queue_id, body, keys, tags, properties)])[0]
+        layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
+        result = self._append(topic, queue_id, layout, body, tail, tag_code)
+        if self._sync_flusher is not None:
+            self._sync_flusher.wait_durable(result.commitlog_offset + result.size)
+        return result
 
     def put_messages(self, requests: Iterable[PutRequest]) -> list[PutResult]:
         """Append a batch atomically with respect to validation and the disk guard: all or nothing."""
-        prepared = [self._prepare(r.topic, r.queue_id, r.body, r.keys, r.tags, r.properties) for r in requests]
-        return self._put(prepared) if prepared else []
+        validated = self._validated
+        batch = [
+            (r.topic, r.queue_id, *validated(r.topic, r.queue_id, r.body, r.keys, r.tags, r.properties))
+            for r in requests
+        ]
+        if not batch:
+            return []
+        results = self._append_batch(batch)
+        if self._sync_flusher is not None:
+            last = results[-1]
+            self._sync_flusher.wait_durable(last.commitlog_offset + last.size)
+        return results
 
-    def _prepare(
+    def _validated(
         self,
         topic: str,
         queue_id: int,
@@ -473,80 +488,150 @@ class LocalMessageStore:
         keys: Sequence[str],
         tags: str | None,
         properties: Mapping[str, str] | None,
-    ) -> _Prepared:
-        validate_topic(topic)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-            raise InvalidQueueError(f"queue id must be an integer, not {type(queue_id).__name__}")
-        limit = self.config.max_queues_per_topic
-        if not 0 <= queue_id < limit:
-            raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise ValidationError(f"message body must be bytes, not {type(body).__name__}")
-        body = bytes(body)
-        if len(body) > self.config.max_message_size:
+    ) -> tuple[RecordLayout, bytes, bytes, int]:
+        """Check one message against every rule: (layout of its topic, body, record tail, tag hash)."""
+        layout = self._layouts.get(topic) if type(topic) is str else None
+        if layout is None:
+            layout = self._layout_for(topic)
+        if type(queue_id) is not int or not 0 <= queue_id < self._max_queues:
+            _check_queue_id(queue_id, self._max_queues)
+        if type(body) is not bytes:
+            if not isinstance(body, bytes | bytearray | memoryview):
+                raise ValidationError(f"message body must be bytes, not {type(body).__name__}")
+            body = bytes(body)
+        if len(body) > self._max_message_size:
             raise MessageTooLargeError(
-                f"message body is {len(body)} bytes; max_message_size is {self.config.max_message_size}"
+                f"message body is {len(body)} bytes; max_message_size is {self._max_message_size}"
             )
+        if not keys and tags is None and not properties:
+            return layout, body, layout.empty_tail, 0
         properties_raw, tags_value = _encode_message_properties(keys, tags, properties)
-        topic_raw = topic.encode("ascii")
-        now = int(time.time() * 1000)
-        raw = encode_raw(
-            topic_raw=topic_raw,
-            queue_id=queue_id,
-            body=body,
-            properties_raw=properties_raw,
-            born_timestamp=now,
-            born_host=self._store_host,
-            store_host=self._store_host,
-            magic=MAGIC_V2 if len(topic_raw) > 127 else MAGIC_V1,
-        )
-        return _Prepared(topic, queue_id, raw, tag_hash(tags_value), POS_BORN_HOST + self._born_host_raw_len)
+        return layout, body, layout.tail(properties_raw), tag_hash(tags_value)
 
-    def _put(self, batch: list[_Prepared]) -> list[PutResult]:
-        if self.read_only:
-            raise ValidationError(f"{self.root} is open read-only; puts are refused")
-        if self._closed:
-            raise ValidationError("the hot store is closed")
-        sizes = [len(p.raw) for p in batch]
-        results: list[PutResult] = []
+    def _layout_for(self, topic: str) -> RecordLayout:
+        validate_topic(topic)
+        topic_raw = topic.encode("ascii")
+        layout = RecordLayout(topic_raw, born_host=self._store_host, store_host=self._store_host)
+        if type(topic) is str:
+            self._layouts[topic] = layout
+        return layout
+
+    def _append(
+        self, topic: str, queue_id: int, layout: RecordLayout, body: bytes, tail: bytes, tag_code: int
+    ) -> PutResult:
+        """Write one validated record and its unit under the put lock; the common case touches no file metadata."""
+        body_size = len(body)
+        size = layout.fixed_size + body_size + len(tail)
+        crc = zlib.crc32(body) & 0x7FFFFFFF
+        now = int(time.time() * 1000)
         log_ = self._commit_log
         with self._put_lock:
-            self._check_disk(sum(sizes) + UNIT_SIZE * len(batch))
-            plan = log_.plan(sizes)
-            log_.prepare(plan)
-            per_queue: dict[tuple[str, int], int] = {}
-            for item in batch:
-                key = (item.topic, item.queue_id)
-                per_queue[key] = per_queue.get(key, 0) + 1
-            for (topic, queue_id), count in per_queue.items():
-                self._queue(topic, queue_id).prepare(count)
-            for blank_offset, blank_size in plan.blanks:
-                log_.write_blank(blank_offset, blank_size)
-            now = max(int(time.time() * 1000), self._last_store_timestamp)
-            self._last_store_timestamp = now
-            units: list[tuple[ConsumeQueue, int, ConsumeQueueUnit]] = []
-            next_offsets: dict[tuple[str, int], int] = {}
-            for item, offset, size in zip(batch, plan.positions, sizes, strict=True):
-                queue = self._queues[(item.topic, item.queue_id)]
-                queue_offset = next_offsets.get((item.topic, item.queue_id), queue.max_offset)
-                next_offsets[(item.topic, item.queue_id)] = queue_offset + 1
-                file = log_.write(offset, item.raw)
-                local = offset - file.start_offset
-                buffer = file.buffer
-                _OFFSET.pack_into(buffer, local + POS_QUEUE_OFFSET, queue_offset)
-                _OFFSET.pack_into(buffer, local + POS_PHYSICAL_OFFSET, offset)
-                _OFFSET.pack_into(buffer, local + item.store_timestamp_position, now)
-                units.append((queue, queue_offset, ConsumeQueueUnit(offset, size, item.tag_hash)))
-                results.append(PutResult(item.topic, item.queue_id, queue_offset, offset, size, now))
-            # Publish the records before the units that point at them: a reader holding a unit can read it.
-            log_.write_offset = plan.end_offset
-            for queue, queue_offset, unit in units:
-                queue.append(unit, queue_offset)
-            self._dispatched_offset = plan.end_offset
+            if self._put_refusal is not None:
+                raise ValidationError(self._put_refusal)
+            if self._disk_cap is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
+                self._check_disk(size + UNIT_SIZE, now)
+            queue = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id)
+            offset = log_.write_offset
+            if log_.tail_start <= offset and offset + size <= log_.tail_limit and queue.room_for(1):
+                buffer = log_.tail_buffer
+                position = offset - log_.tail_start
+            else:
+                offset = self._make_room([size], {queue: 1})[0]
+                file = log_.file_for(offset)
+                assert file is not None
+                buffer, position = file.buffer, offset - file.start_offset
+            store_timestamp = self._last_store_timestamp
+            if now > store_timestamp:
+                store_timestamp = self._last_store_timestamp = now
+            layout.fixed.pack_into(
+                buffer, position, size, layout.magic, crc, queue_id, 0, queue.max_offset, offset,
+                layout.sysflag, now, layout.born_raw, store_timestamp, layout.store_raw, 0, 0, body_size,
+            )  # fmt: skip
+            body_at = position + layout.fixed_size
+            buffer[body_at : body_at + body_size] = body  # type: ignore[index]
+            buffer[body_at + body_size : position + size] = tail  # type: ignore[index]
+            end = offset + size
+            # Publish the record before the unit that points at it: a reader holding a unit can read it.
+            log_.write_offset = end
+            queue_offset = queue.append_unit(offset, size, tag_code)
+            self._dispatched_offset = end
+            self._unit_count += 1
+        return PutResult(topic, queue_id, queue_offset, offset, size, store_timestamp)
+
+    def _append_batch(self, batch: list[tuple[str, int, RecordLayout, bytes, bytes, int]]) -> list[PutResult]:
+        """Write validated records and their units under one put lock, reserving room once for all of them."""
+        sizes = [layout.fixed_size + len(body) + len(tail) for _, _, layout, body, tail, _ in batch]
+        crcs = [zlib.crc32(body) & 0x7FFFFFFF for _, _, _, body, _, _ in batch]
+        total = sum(sizes)
+        now = int(time.time() * 1000)
+        log_ = self._commit_log
+        with self._put_lock:
+            if self._put_refusal is not None:
+                raise ValidationError(self._put_refusal)
+            if self._disk_cap is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
+                self._check_disk(total + UNIT_SIZE * len(batch), now)
+            queues = self._queues
+            targets = [queues.get((item[0], item[1])) or self._queue(item[0], item[1]) for item in batch]
+            per_queue: dict[ConsumeQueue, int] = {}
+            for queue in targets:
+                per_queue[queue] = per_queue.get(queue, 0) + 1
+            offset = log_.write_offset
+            contiguous = (
+                log_.tail_start <= offset
+                and offset + total <= log_.tail_limit
+                and all(queue.room_for(count) for queue, count in per_queue.items())
+            )
+            positions = None if contiguous else self._make_room(sizes, per_queue)
+            store_timestamp = self._last_store_timestamp
+            if now > store_timestamp:
+                store_timestamp = self._last_store_timestamp = now
+            next_offsets = {queue: queue.max_offset for queue in per_queue}
+            results: list[PutResult] = []
+            parts: list[bytes] = []
+            record_offset = offset
+            for (topic, queue_id, layout, body, tail, _), queue, size, crc in zip(
+                batch, targets, sizes, crcs, strict=True
+            ):
+                if positions is not None:
+                    record_offset = positions[len(results)]
+                queue_offset = next_offsets[queue]
+                next_offsets[queue] = queue_offset + 1
+                header = layout.fixed.pack(
+                    size, layout.magic, crc, queue_id, 0, queue_offset, record_offset, layout.sysflag, now,
+                    layout.born_raw, store_timestamp, layout.store_raw, 0, 0, len(body),
+                )  # fmt: skip
+                if positions is None:
+                    parts += (header, body, tail)
+                else:
+                    log_.write(record_offset, b"".join((header, body, tail)))
+                results.append(PutResult(topic, queue_id, queue_offset, record_offset, size, store_timestamp))
+                record_offset += size
+            if positions is None:
+                assert log_.tail_buffer is not None
+                position = offset - log_.tail_start
+                log_.tail_buffer[position : position + total] = b"".join(parts)
+            end = results[-1].commitlog_offset + results[-1].size
+            # As in _append: records are published before the units that point at them.
+            log_.write_offset = end
+            for queue, result, item in zip(targets, results, batch, strict=True):
+                queue.append_unit(result.commitlog_offset, result.size, item[5])
+            self._dispatched_offset = end
             self._unit_count += len(batch)
-        if self.config.flush_mode == "sync" and self._flusher is not None:
-            self._flusher.wait_durable(plan.end_offset)
         return results
+
+    def _make_room(self, sizes: list[int], per_queue: Mapping[ConsumeQueue, int]) -> list[int]:
+        """Create and reserve every file the records and units need, then write the blanks; their offsets.
+
+        All reservations come before any byte is written, so a StoreFullError leaves the data untouched.
+        """
+        log_ = self._commit_log
+        plan = log_.plan(sizes)
+        log_.prepare(plan)
+        for queue, count in per_queue.items():
+            queue.prepare(count)
+        for blank_offset, blank_size in plan.blanks:
+            log_.write_blank(blank_offset, blank_size)
+        return plan.positions
 
     def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes]) -> list[PutResult]:
         """Append archived records at the queue offsets they carry: a restore from cold storage.
@@ -639,7 +724,7 @@ class LocalMessageStore:
         self._unit_count += len(batch)
         return results
 
-    def _check_disk(self, incoming: int) -> None:
+    def _check_disk(self, incoming: int, now_ms: int | None = None) -> None:
         cap = self.config.hot_disk_max_bytes
         if cap is not None:
             held = self._commit_log.write_offset - self._commit_log.min_offset + self._unit_count * UNIT_SIZE
@@ -647,8 +732,8 @@ class LocalMessageStore:
                 raise StoreFullError(
                     f"the hot store holds {held} bytes and this put adds {incoming}; hot_disk_max_bytes is {cap}"
                 )
-        now = time.monotonic()
-        if now - self._disk_checked_at > 0.2 or self._disk_full_reason is not None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if self._disk_full_reason is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
             usage = shutil.disk_usage(self.root)
             used = (usage.total - usage.free) / usage.total if usage.total else 1.0
             watermark = self.config.hot_disk_high_watermark
@@ -657,7 +742,8 @@ class LocalMessageStore:
                 if used >= watermark
                 else None
             )
-            self._disk_checked_at = now
+            self._disk_checked_ms = now
+            self._disk_ok_until = now + _DISK_CHECK_INTERVAL_MS if self._disk_full_reason is None else 0
         if self._disk_full_reason is not None:
             raise StoreFullError(self._disk_full_reason)
 
@@ -823,6 +909,14 @@ class LocalMessageStore:
             if queue.min_offset < first_after and archived_offset(topic, queue_id) < first_after:
                 return False
         return True
+
+
+def _check_queue_id(queue_id: object, limit: int) -> None:
+    """Raise the InvalidQueueError that ``queue_id`` deserves, if any."""
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+        raise InvalidQueueError(f"queue id must be an integer, not {type(queue_id).__name__}")
+    if not 0 <= queue_id < limit:
+        raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
 
 
 def _encode_message_properties(
