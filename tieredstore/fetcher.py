@@ -245,17 +245,27 @@ class ReadAheadCache:
         """Whether the cache holds more than 80% of its bound: reads then bypass it."""
         return not self.enabled or self.size_bytes > CACHE_BYPASS_RATIO * self.max_bytes
 
-    def get(self, key: tuple[str, int, int]) -> _Stored | None:
-        """The entry, its expiry renewed; None on a miss. Counts the hit or miss."""
+    def get_run(self, topic: str, queue_id: int, offset: int, limit: int) -> list[tuple[int, _Stored]]:
+        """Up to ``limit`` consecutive cached records from ``offset``, each one's expiry renewed.
+
+        An empty run (``offset`` not cached) counts one miss; every record returned counts a hit.
+        """
         if not self.enabled:
-            return None
-        stored = self._cache.get(key)
-        if stored is None:
+            return []
+        cache = self._cache
+        run: list[tuple[int, _Stored]] = []
+        for position in range(offset, offset + limit):
+            key = (topic, queue_id, position)
+            stored = cache.get(key)
+            if stored is None:
+                break
+            cache[key] = stored  # re-setting renews the TTL: entries expire after their last access
+            run.append((position, stored))
+        if run:
+            self.metrics.cache_hits.inc(len(run))
+        else:
             self.metrics.cache_misses.inc()
-            return None
-        self._cache[key] = stored  # re-setting renews the TTL: entries expire after last access
-        self.metrics.cache_hits.inc()
-        return stored
+        return run
 
     def put(self, key: tuple[str, int, int], stored: _Stored) -> None:
         if not self.enabled or len(stored.raw) > self.max_bytes:
@@ -555,9 +565,12 @@ class MessageFetcher:
         messages: list[FetchedMessage] = []
         position = offset
         while position < scan_end and len(messages) < max_count:
-            window = self._cached_run(topic, queue_id, position, scan_end) if read_ahead else []
+            needed = max_count - len(messages)
+            wanted = needed if message_filter is None else scan_end - position
+            window = (
+                self.cache.get_run(topic, queue_id, position, min(wanted, scan_end - position)) if read_ahead else []
+            )
             if not window:
-                needed = max_count - len(messages)
                 window = await self._read_ahead(flat_file, position, scan_end, needed, use_cache=read_ahead)
                 if not window:
                     break
@@ -569,18 +582,6 @@ class MessageFetcher:
                     if len(messages) == max_count:
                         break
         return _Batch(messages, position)
-
-    def _cached_run(self, topic: str, queue_id: int, offset: int, end: int) -> list[tuple[int, _Stored]]:
-        """Consecutive cached records from ``offset`` (renewing each); empty on a miss at ``offset``."""
-        run: list[tuple[int, _Stored]] = []
-        position = offset
-        while position < end:
-            stored = self.cache.get((topic, queue_id, position))
-            if stored is None:
-                break
-            run.append((position, stored))
-            position += 1
-        return run
 
     async def _read_ahead(
         self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, *, use_cache: bool

@@ -1,0 +1,139 @@
+"""The read-ahead cache: bounded in bytes, expiring after last access, bypassed above 80% full, with metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.backends import ProviderBackend
+from tests.read.helpers import append_records, config_for_backend, counting_reads, make_record
+from tieredstore.fetcher import ReadAheadCache, _Stored
+from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.formats.naming import FileType
+from tieredstore.metrics import Metrics
+from tieredstore.store import AsyncTieredMessageStore
+
+TOPIC = "Cached"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stored(size: int) -> _Stored:
+    return _Stored(bytes(size), ConsumeQueueUnit(0, size, 0))
+
+
+def _value(counter: object) -> float:
+    return float(counter._value.get())  # type: ignore[attr-defined]
+
+
+def test_cache_is_bounded_in_bytes_not_entries() -> None:
+    metrics = Metrics()
+    cache = ReadAheadCache(10_000, 15.0, metrics=metrics, clock=FakeClock())
+    for offset in range(30):
+        cache.put(("T", 0, offset), _stored(1_000))
+    assert cache.size_bytes <= 10_000 and len(cache) == 10
+    assert _value(metrics.cache_evictions) == 20
+    # the newest entries stay; the oldest were evicted
+    assert [offset for offset, _ in cache.get_run("T", 0, 20, 10)] == list(range(20, 30))
+    assert cache.get_run("T", 0, 0, 5) == []
+    # an entry larger than the whole bound is not cached at all (and evicts nothing)
+    cache.put(("T", 0, 99), _stored(20_000))
+    assert cache.get_run("T", 0, 99, 1) == [] and len(cache) == 10
+
+
+def test_entries_expire_ttl_after_their_last_access() -> None:
+    clock, metrics = FakeClock(), Metrics()
+    cache = ReadAheadCache(1 << 20, 15.0, metrics=metrics, clock=clock)
+    for offset in range(4):
+        cache.put(("T", 0, offset), _stored(100))
+    clock.now += 10
+    assert len(cache.get_run("T", 0, 0, 2)) == 2  # offsets 0 and 1 renewed at t+10
+    clock.now += 10  # t+20: 2 and 3 were last touched at t, 0 and 1 at t+10
+    assert cache.get_run("T", 0, 2, 2) == []
+    assert [offset for offset, _ in cache.get_run("T", 0, 0, 4)] == [0, 1]
+    assert len(cache) == 2 and _value(metrics.cache_evictions) == 2
+    clock.now += 15.5
+    assert len(cache) == 0 and cache.size_bytes == 0
+
+
+def test_bypass_threshold_is_eighty_percent_of_the_byte_bound() -> None:
+    cache = ReadAheadCache(10_000, 15.0, clock=FakeClock())
+    for offset in range(8):
+        cache.put(("T", 0, offset), _stored(1_000))
+    assert not cache.over_threshold()  # exactly 80%
+    cache.put(("T", 0, 8), _stored(1))
+    assert cache.over_threshold()
+    assert ReadAheadCache(0, 15.0).over_threshold()  # a disabled cache is always bypassed
+
+
+async def test_a_full_cache_is_bypassed_reading_only_what_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [make_record(TOPIC, 0, n, body=bytes(400)) for n in range(400)]
+    record_size = len(records[0])
+    # room for 100 records: a 4096-message read-ahead would overflow it at once
+    config = config_for_backend(
+        tmp_path,
+        ProviderBackend("memory", f"memory://bypass-{tmp_path.name}"),
+        read={"read_ahead_cache_bytes": 100 * record_size, "read_ahead_count": 90},
+    )
+    clock = FakeClock()
+    with counting_reads(monkeypatch) as reads:
+        async with AsyncTieredMessageStore.open(config, hot=False, cache_clock=clock) as store:
+            await append_records(store.runtime, TOPIC, 0, records, index=False)
+            cache = store.fetcher.cache
+            reads.clear()
+            # 90 records read ahead fill the cache to 90%: above the 80% threshold
+            assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 0, 10)).messages] == list(range(10))
+            assert reads.count() == 2 and len(cache) == 90 and cache.over_threshold()
+            reads.clear()
+            # from the cache while it has them ...
+            assert len((await store.get_messages(TOPIC, 0, 10, 80)).messages) == 80
+            assert reads.count() == 0
+            # ... then, still above 80%, a miss reads just the 5 asked for and caches nothing
+            result = await store.get_messages(TOPIC, 0, 90, 5)
+            assert [m.queue_offset for m in result.messages] == list(range(90, 95))
+            assert reads.count() == 2 and len(cache) == 90
+            unit_read = next(r for r in reads.reads if r[0] is FileType.CONSUME_QUEUE)
+            assert unit_read[3] == 5 * 20
+            # once the entries expire the cache is under the threshold and reads ahead again
+            clock.now += 16
+            reads.clear()
+            await store.get_messages(TOPIC, 0, 95, 5)
+            assert next(r for r in reads.reads if r[0] is FileType.CONSUME_QUEUE)[3] == 90 * 20
+            assert len(cache) == 90
+            metrics = store.runtime.metrics
+            assert _value(metrics.cache_hits) == 80
+            assert _value(metrics.cache_misses) == 3
+            assert _value(metrics.cache_evictions) == 90
+            assert metrics.cache_bytes._value.get() == 90 * record_size
+
+
+async def test_cache_ttl_decides_whether_a_consumer_coming_back_reads_storage_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = config_for_backend(
+        tmp_path, ProviderBackend("memory", f"memory://ttl-{tmp_path.name}"), read={"read_ahead_ttl": 15.0}
+    )
+    clock = FakeClock()
+    with counting_reads(monkeypatch) as reads:
+        async with AsyncTieredMessageStore.open(config, hot=False, cache_clock=clock) as store:
+            await append_records(store.runtime, TOPIC, 0, [make_record(TOPIC, 0, n) for n in range(100)], index=False)
+            reads.clear()
+            await store.get_messages(TOPIC, 0, 0, 10)
+            assert reads.count() == 2
+            clock.now += 14
+            await store.get_messages(TOPIC, 0, 10, 10)  # renews 10..19 only
+            clock.now += 14
+            assert reads.count() == 2
+            assert len((await store.get_messages(TOPIC, 0, 10, 10)).messages) == 10
+            assert reads.count() == 2  # 10..19 were touched 14 s ago
+            assert len((await store.get_messages(TOPIC, 0, 20, 10)).messages) == 10
+            assert reads.count() == 4  # 20..99 were last touched 28 s ago: gone
