@@ -123,7 +123,7 @@ def _register_commands() -> None:
     # whichever module imports it first.
     import importlib
 
-    for module in ("db", "run", "inspect", "read", "put"):
+    for module in ("db", "run", "inspect", "read", "put", "verify", "restore", "topic"):
         importlib.import_module(f"tieredstore.cli.{module}")
 
 

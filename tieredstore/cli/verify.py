@@ -1,0 +1,367 @@
+"""``tieredstore verify``: check cold storage against metadata and the archive invariant, changing nothing.
+
+Per queue: every live segment row has its object with the recorded size (MISSING_OBJECT,
+SIZE_MISMATCH), segments of a file follow on without gap or overlap (SEGMENT_GAP), the consume
+queue spans the recorded offsets (OFFSET_RANGE), and no object exists that metadata does not
+account for (ORPHAN_OBJECT, also whole topic or queue folders). Then the exactly-once invariant:
+consume-queue units tile the commit log contiguously up to its end (the checker's kinds:
+COMMIT_LOG_GAP, COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking
+its CRC, size, queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``).
+
+The last segment of a file may hold bytes beyond its row while the archiver is between a commit
+and its metadata update; that is a note (recovery settles it), not a problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
+
+import typer
+
+from tieredstore.cli.app import IntegrityFailure, app, state
+from tieredstore.cli.common import (
+    LIVE_STATUSES,
+    ReadNode,
+    archived_queue,
+    archived_range,
+    checked_queue_id,
+    checked_topic,
+    open_read_node,
+    run,
+    segment_rows,
+)
+from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
+from tieredstore.flat.checker import check_queue_invariant
+from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.formats.consume_queue import UNIT_SIZE
+from tieredstore.formats.message import MIN_RECORD_SIZE
+from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, segment_key
+from tieredstore.metadata import QueuePosition, SegmentRecord, SegmentStatus
+
+UNIT_BATCH = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong, with where it is: an object key or a queue and its offsets."""
+
+    kind: str
+    location: str
+    detail: str
+    topic: str | None = None
+    queue_id: int | None = None
+    file_type: str | None = None
+    base_offset: int | None = None
+    queue_offset: int | None = None
+    commitlog_offset: int | None = None
+
+    def __str__(self) -> str:
+        where = self.location
+        if self.queue_offset is not None:
+            where += f" queue offset {self.queue_offset}"
+        if self.commitlog_offset is not None:
+            where += f" commit-log offset {self.commitlog_offset}"
+        return f"{self.kind} at {where}: {self.detail}"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What ``verify_archive`` checked and found; ``ok`` only without problems."""
+
+    deep: bool
+    queues: int = 0
+    segments: int = 0
+    units: int = 0
+    records: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "deep": self.deep,
+            "queues": self.queues,
+            "segments": self.segments,
+            "units": self.units,
+            "records": self.records,
+            "problems": [asdict(p) for p in self.problems],
+            "notes": list(self.notes),
+        }
+
+
+async def verify_archive(
+    node: ReadNode, *, topic: str | None = None, queue_id: int | None = None, deep: bool = False
+) -> VerifyReport:
+    """Check the archive (all of it, one topic, or one queue) without changing anything."""
+    report = VerifyReport(deep=deep)
+    positions = await asyncio.to_thread(node.metadata.list_queues, topic)
+    if topic is not None:
+        if not positions:
+            await asyncio.to_thread(node.metadata.get_topic, topic)  # NotFoundError for an unknown topic
+        if queue_id is not None:
+            positions = [p for p in positions if p.queue_id == queue_id]
+            if not positions:
+                raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+    for position in positions:
+        await _verify_queue(node, position, report)
+        report.queues += 1
+    if queue_id is None:
+        await _find_orphan_folders(node, topic, {(p.topic, p.queue_id) for p in positions}, report)
+    return report
+
+
+async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyReport) -> None:
+    topic, queue_id = position.topic, position.queue_id
+    path = node.flat.queue_path(topic, queue_id)
+    rows = await asyncio.to_thread(segment_rows, node.metadata, path, list(SegmentStatus))
+    live = {kind: [r for r in records if r.status in LIVE_STATUSES] for kind, records in rows.items()}
+    before = len(report.problems)
+
+    def problem(kind: str, detail: str, **where: Any) -> None:
+        report.problems.append(Problem(kind, where.pop("location", path), detail, topic, queue_id, **where))
+
+    for kind, records in live.items():
+        await _check_objects(node, path, kind, records, report, problem)
+        _check_segment_chain(kind, records, problem)
+    _check_offset_range(position, live[FileType.CONSUME_QUEUE], problem)
+    unreadable = len(report.problems) > before
+    flat_file = archived_queue(node.flat, position, live)
+    if unreadable:
+        report.notes.append(f"{topic}/{queue_id}: the message walk was skipped, its objects are not as recorded")
+        return
+    try:
+        if report.deep:
+            low, high = archived_range(flat_file)
+            for found in await check_queue_invariant(flat_file):
+                problem(
+                    found.kind.value,
+                    found.detail,
+                    queue_offset=found.queue_offset,
+                    commitlog_offset=found.commitlog_offset,
+                )
+            report.records += high - low
+            report.units += high - low
+        else:
+            await _walk_units(flat_file, report, problem)
+    except (SegmentNotFoundError, CorruptRecordError) as error:
+        problem("READ_FAILED", str(error))
+
+
+async def _check_objects(
+    node: ReadNode,
+    path: str,
+    kind: FileType,
+    records: list[SegmentRecord],
+    report: VerifyReport,
+    problem: Any,
+) -> None:
+    known = {r.base_offset for r in records}
+    for index, row in enumerate(records):
+        report.segments += 1
+        key = segment_key(path, kind, row.base_offset)
+        segment = node.provider.segment(kind, path, row.base_offset, commit_position=row.size)
+        real = await segment.real_size()
+        where = {"location": key, "file_type": kind.value, "base_offset": row.base_offset}
+        if real == row.size:
+            continue
+        if real == 0 and row.size > 0 and not await segment.exists():
+            problem(
+                "MISSING_OBJECT", f"metadata records {row.size} bytes ({row.status.value}), the object is gone", **where
+            )
+        elif real < row.size:
+            problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
+        elif index == len(records) - 1 and row.status is SegmentStatus.NEW:
+            report.notes.append(f"{key}: {real - row.size} bytes past the recorded size (a commit not yet recorded)")
+        else:
+            problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
+    for base_offset in await node.provider.list_segments(path, kind):
+        if base_offset not in known:
+            problem(
+                "ORPHAN_OBJECT",
+                "the provider holds this segment but metadata has no live row for it",
+                location=segment_key(path, kind, base_offset),
+                file_type=kind.value,
+                base_offset=base_offset,
+            )
+
+
+def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: Any) -> None:
+    for previous, current in itertools.pairwise(records):
+        end = previous.base_offset + previous.size
+        if current.base_offset != end:
+            what = "gap" if current.base_offset > end else "overlap"
+            problem(
+                "SEGMENT_GAP",
+                f"{kind.value} segment starts at {current.base_offset}, the previous one ends at {end} ({what})",
+                file_type=kind.value,
+                base_offset=current.base_offset,
+            )
+    if kind is FileType.CONSUME_QUEUE:
+        for row in records:
+            if row.base_offset % UNIT_SIZE or (row.status is SegmentStatus.SEALED and row.size % UNIT_SIZE):
+                problem(
+                    "UNIT_UNREADABLE",
+                    f"consume-queue segment at {row.base_offset} ({row.size} bytes) is not whole units",
+                    file_type=kind.value,
+                    base_offset=row.base_offset,
+                )
+
+
+def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], problem: Any) -> None:
+    if units:
+        first = units[0].base_offset // UNIT_SIZE
+        end = (units[-1].base_offset + units[-1].size) // UNIT_SIZE
+    else:
+        first = end = position.max_offset
+    if position.max_offset != end or (position.min_offset != first and position.max_offset > position.min_offset):
+        problem(
+            "OFFSET_RANGE",
+            f"metadata records offsets [{position.min_offset}, {position.max_offset}), "
+            f"the consume-queue segments hold [{first}, {end})",
+        )
+
+
+async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: Any) -> None:
+    """Units tile the commit log: each starts where the previous record ended, the last ends at its end."""
+    low, high = archived_range(flat_file)
+    commit_log = flat_file.commit_log
+    expected: int | None = None
+    offset = low
+    while offset < high:
+        wanted = min(UNIT_BATCH, high - offset)
+        units = await flat_file.read_units(offset, wanted)
+        report.units += len(units)
+        for index, unit in enumerate(units):
+            queue_offset = offset + index
+            if expected is None and unit.commitlog_offset < commit_log.min_offset:
+                problem(
+                    "COMMIT_LOG_MISSING",
+                    f"the first unit points below the commit log's min offset {commit_log.min_offset}",
+                    queue_offset=queue_offset,
+                    commitlog_offset=unit.commitlog_offset,
+                )
+            elif expected is not None and unit.commitlog_offset != expected:
+                kind = "COMMIT_LOG_GAP" if unit.commitlog_offset > expected else "COMMIT_LOG_OVERLAP"
+                problem(
+                    kind,
+                    f"the unit starts at {unit.commitlog_offset}, the previous record ends at {expected}",
+                    queue_offset=queue_offset,
+                    commitlog_offset=unit.commitlog_offset,
+                )
+            if unit.size < MIN_RECORD_SIZE:
+                problem(
+                    "SIZE_MISMATCH",
+                    f"a unit of {unit.size} bytes is shorter than any record",
+                    queue_offset=queue_offset,
+                    commitlog_offset=unit.commitlog_offset,
+                )
+            expected = unit.commitlog_offset + unit.size
+        if len(units) < wanted:
+            problem("UNIT_UNREADABLE", f"{wanted - len(units)} archived units are not readable", queue_offset=offset)
+            return
+        offset += wanted
+    if expected is None:
+        if commit_log.commit_offset > commit_log.min_offset:
+            problem(
+                "ORPHAN_BYTES",
+                f"{commit_log.commit_offset - commit_log.min_offset} commit-log bytes but no archived message",
+            )
+        return
+    if expected > commit_log.commit_offset:
+        problem(
+            "COMMIT_LOG_MISSING",
+            f"the last unit ends at {expected}, the commit log at {commit_log.commit_offset}",
+            commitlog_offset=commit_log.commit_offset,
+        )
+    elif expected < commit_log.commit_offset:
+        problem(
+            "ORPHAN_BYTES",
+            f"{commit_log.commit_offset - expected} commit-log bytes after the last archived record",
+            commitlog_offset=expected,
+        )
+
+
+async def _find_orphan_folders(
+    node: ReadNode, topic: str | None, known: set[tuple[str, int]], report: VerifyReport
+) -> None:
+    """Topic and queue folders in storage that metadata knows nothing of."""
+    broker_path = f"{cluster_folder(node.config.cluster)}/{node.config.broker}"
+    known_topics = {t for t, _ in known}
+    names = await node.provider.list_children(broker_path)
+    for name in sorted(names):
+        if name == INDEX_TOPIC or (topic is not None and name != topic):
+            continue
+        queue_names = await node.provider.list_children(f"{broker_path}/{name}")
+        for queue_name in sorted(queue_names):
+            if queue_name.isdigit() and (name, int(queue_name)) in known:
+                continue
+            location = f"{broker_path}/{name}/{queue_name}"
+            holds = [
+                kind.value
+                for kind in (FileType.COMMIT_LOG, FileType.CONSUME_QUEUE)
+                if queue_name.isdigit() and await node.provider.list_segments(location, kind)
+            ]
+            if not holds and queue_name.isdigit():
+                continue
+            detail = (
+                "the topic is not in the metadata store" if name not in known_topics else "the queue is not in metadata"
+            )
+            report.problems.append(
+                Problem(
+                    "ORPHAN_OBJECT",
+                    location,
+                    f"{detail}; it holds {', '.join(holds) or 'files'}",
+                    name,
+                    int(queue_name) if queue_name.isdigit() else None,
+                )
+            )
+
+
+@app.command("verify")
+def verify(
+    ctx: typer.Context,
+    topic: Annotated[str | None, typer.Argument(metavar="[TOPIC]", help="Only this topic (default: all).")] = None,
+    queue_id: Annotated[int | None, typer.Option("--queue", "-q", help="Only this queue of TOPIC.")] = None,
+    deep: Annotated[bool, typer.Option("--deep", help="Also read every record: CRC, size, offsets, tags.")] = False,
+) -> None:
+    """Check cold storage against metadata and the exactly-once, contiguous-offsets invariant.
+
+    Exit 0 only when everything holds; otherwise each problem is printed with its location and the
+    exit code is 5. Nothing is changed.
+
+    Example: tieredstore verify Orders --queue 3 --deep
+    """
+    cli = state(ctx)
+    if topic is not None:
+        checked_topic(topic)
+    if queue_id is not None:
+        if topic is None:
+            raise ValidationError("--queue needs a TOPIC")
+        checked_queue_id(queue_id)
+
+    async def go() -> VerifyReport:
+        async with open_read_node(cli.config) as node:
+            return await verify_archive(node, topic=topic, queue_id=queue_id, deep=deep)
+
+    report = run(go())
+    if cli.output.is_json:
+        cli.output.json(report.as_json())
+    else:
+        for found in report.problems:
+            cli.output.line(str(found))
+        for note in report.notes:
+            cli.output.note(f"note: {note}")
+        checked = f"{report.queues} queues, {report.segments} segments, {report.units} units"
+        if deep:
+            checked += f", {report.records} records"
+        verdict = "ok" if report.ok else f"{len(report.problems)} problems"
+        cli.output.line(f"verify: {verdict} ({checked})")
+    if not report.ok:
+        raise IntegrityFailure(f"verify found {len(report.problems)} problems")
