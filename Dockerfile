@@ -9,6 +9,7 @@ COPY migrations ./migrations
 RUN pip install --no-cache-dir '.[s3,postgres]'
 VOLUME ["/data"]
 ENV TIEREDSTORE_DATA_DIR=/data
+ENV TIEREDSTORE_ARCHIVER__METRICS_ADDR=0.0.0.0
 EXPOSE 9100
 ENTRYPOINT ["tieredstore"]
 CMD ["run", "--metrics-port", "9100"]
