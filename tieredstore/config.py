@@ -219,6 +219,9 @@ def load_config(path: str | Path | None = None, **flags: Any) -> TieredStoreConf
             raise ConfigError(f"config file {config_path} does not exist") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            # tomllib decodes the bytes itself and lets this escape; TOML files are UTF-8 by definition.
+            raise ConfigError(f"config file {config_path} is not valid TOML: not UTF-8 at byte {exc.start}") from exc
         except OSError as exc:
             raise ConfigError(f"config file {config_path} cannot be read: {exc.strerror}") from exc
     given = {k: v for k, v in flags.items() if v is not None}
