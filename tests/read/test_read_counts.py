@@ -76,6 +76,6 @@ async def test_read_ahead_is_trimmed_to_read_ahead_size_but_never_below_one_mess
             # the 50,000-byte message alone is above read_ahead_size: it is still read, on its own
             reads.clear()
             big = await store.get_messages(TOPIC, 0, 30, 5)
-            assert [m.queue_offset for m in big.messages][0] == 30
+            assert big.messages[0].queue_offset == 30
             assert big.messages[0].body == bytes([30]) * 50_000
-            assert [r[3] for r in reads.reads if r[0] is FileType.COMMIT_LOG][0] == len(big.messages[0].raw)
+            assert next(r[3] for r in reads.reads if r[0] is FileType.COMMIT_LOG) == len(big.messages[0].raw)
