@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.archiver.processes import child_env, run_producer, run_tieredstore, start_tieredstore, wait_for_text
-from tieredstore.config import load_config
+from tieredstore.config import TieredStoreConfig, load_config
 from tieredstore.flat import check_queue_invariant
 from tieredstore.runtime import open_runtime
 
@@ -23,8 +23,11 @@ def _env(data_dir: Path, **extra: object) -> dict[str, str]:
 
 
 async def _problems(data_dir: Path) -> tuple[int, int, list[str]]:
+    return await archive_problems(load_config(data_dir=data_dir))
+
+
+async def archive_problems(config: TieredStoreConfig) -> tuple[int, int, list[str]]:
     """(hot messages, archived messages, invariant problems) over every hot queue."""
-    config = load_config(data_dir=data_dir)
     hot_total = archived_total = 0
     problems: list[str] = []
     async with open_runtime(config) as runtime:

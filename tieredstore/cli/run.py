@@ -67,7 +67,7 @@ class DemoProducer:
         queues = [(topic, queue_id) for topic, count in DEMO_TOPICS for queue_id in range(count)]
         started = time.monotonic()
         while self.produced < self.total and not self._stop.is_set():
-            requests = []
+            requests: list[PutRequest] = []
             for _ in range(min(batch_size, self.total - self.produced)):
                 n = self.produced + len(requests)
                 topic, queue_id = queues[n % len(queues)]
