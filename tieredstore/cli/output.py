@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -12,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 OutputFormat = Literal["text", "json"]
+PIPED_WIDTH = 240
 
 
 def _jsonable(value: Any) -> Any:
@@ -32,6 +34,9 @@ class Output:
     def __init__(self, fmt: OutputFormat = "text") -> None:
         self.format = fmt
         self.console = Console(soft_wrap=True)
+        if not self.console.is_terminal and "COLUMNS" not in os.environ:
+            # Piped into a file or another program: 80 columns would fold every table row.
+            self.console.width = PIPED_WIDTH
         self.err = Console(stderr=True, soft_wrap=True)
 
     @property

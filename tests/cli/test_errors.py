@@ -1,0 +1,167 @@
+"""One line and a distinct exit code per error class; no traceback without --debug; every --help has an example."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import Node, invoke
+from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.cli import app
+from tieredstore.cli.app import _register_commands
+
+ENTRY_POINT = str(Path(sys.executable).with_name("tieredstore"))
+
+
+def one_line_error(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_an_invalid_topic_is_a_usage_error(posix: Node) -> None:
+    for args in (("read", "../x", "0", "--offset", "0"), ("put", "../x", "0"), ("restore", "a/b", "--to-dir", "x")):
+        result = posix(*args, input="body\n")
+        assert result.exit_code == 2, args
+        assert "may only contain letters" in one_line_error(result.stderr)
+    assert not (posix.data_dir / "hot" / "consumequeue" / ".." / "x").exists()
+
+
+def test_missing_options_and_bad_values_are_usage_errors(posix: Node) -> None:
+    assert posix("read", TOPIC, "0").exit_code == 2
+    assert posix("segments", TOPIC, "0", "--type", "index").exit_code == 2
+    assert posix("no-such-command").exit_code == 2
+    assert posix("read", TOPIC, "-1", "--offset", "0").exit_code == 2
+
+
+def test_unknown_things_are_not_found(posix: Node) -> None:
+    produce(posix, 0, 3)
+    archive(posix)
+    for args in (("queues", "Nope"), ("segments", TOPIC, "5"), ("read", TOPIC, "5", "--offset", "0")):
+        result = posix(*args)
+        assert result.exit_code == 3, args
+        one_line_error(result.stderr)
+    assert posix("read", TOPIC, "0", "--offset", "0", "--tier", "cold", "--count", "1").exit_code == 0
+    missing = invoke(["--data-dir", str(posix.data_dir / "typo"), "status"])
+    assert missing.exit_code == 3 and "check --data-dir" in missing.stderr
+
+
+def test_a_schema_from_another_version_is_exit_6(posix: Node) -> None:
+    produce(posix, 0, 3)
+    archive(posix)
+    with sqlite3.connect(posix.data_dir / "metadata.db") as connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'f00dfeed'")
+    for args in (("status",), ("verify",), ("read", TOPIC, "0", "--offset", "0")):
+        result = posix(*args)
+        assert result.exit_code == 6, (args, result.stderr)
+        one_line_error(result.stderr)
+    # The diagnostic command itself answers, saying what is wrong.
+    current = posix("db", "current", output="json")
+    assert current.exit_code == 0
+    assert (current.json()["current"], current.json()["up_to_date"]) == ("f00dfeed", False)
+
+
+def test_postgres_needs_db_upgrade_first(postgres_url: str, tmp_path: Path) -> None:
+    node = Node("postgres", tmp_path, metadata_url=postgres_url)
+    refused = node("topics")
+    assert refused.exit_code == 6 and "db upgrade" in refused.stderr
+    assert node("db", "upgrade").exit_code == 0
+    current = node("db", "current", output="json").json()
+    assert current["up_to_date"] is True and current["current"] == current["head"]
+    assert node("topics", output="json").json() == {"title": "topics", "rows": []}
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_s3_is_exit_4(tmp_path: Path) -> None:
+    node = Node(
+        "s3-closed",
+        tmp_path,
+        cold_url="s3://bucket/archive",
+        env={
+            "TIEREDSTORE_S3__ENDPOINT_URL": f"http://127.0.0.1:{_closed_port()}",
+            "TIEREDSTORE_S3__REGION": "us-east-1",
+            "TIEREDSTORE_S3__ACCESS_KEY_ID": "key",
+            "TIEREDSTORE_S3__SECRET_ACCESS_KEY": "secret",
+            "TIEREDSTORE_S3__MAX_ATTEMPTS": "1",
+        },
+    )
+    tmp_path.mkdir(exist_ok=True)
+    result = node("verify")
+    assert result.exit_code == 4, result.stderr
+    assert "secret" not in one_line_error(result.stderr)
+
+
+def test_debug_shows_the_traceback(posix: Node) -> None:
+    with pytest.raises(Exception, match="may only contain"):
+        posix("--debug", "read", "../x", "0", "--offset", "0")
+
+
+def test_the_installed_entry_point_maps_exit_codes(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [ENTRY_POINT, "--data-dir", str(tmp_path), *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    bad = run("read", "../x", "0", "--offset", "0")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("tieredstore: error: topic name '../x'") and bad.stderr.count("\n") == 1
+    current = run("--output", "json", "db", "current")
+    assert current.returncode == 0 and '"up_to_date"' in current.stdout
+
+
+def test_every_command_documents_an_example() -> None:
+    _register_commands()
+    import click
+
+    root = typer_command()
+    names: list[list[str]] = []
+
+    def walk(command: click.Command | object, path: list[str]) -> None:
+        commands = getattr(command, "commands", None)
+        if commands:
+            for name, sub in commands.items():
+                walk(sub, [*path, name])
+        else:
+            names.append(path)
+
+    walk(root, [])
+    assert {" ".join(n) for n in names} >= {
+        "status",
+        "topics",
+        "queues",
+        "segments",
+        "read",
+        "tail",
+        "query-key",
+        "offset-for-time",
+        "verify",
+        "restore",
+        "retention",
+        "topic set-retention",
+        "topic delete",
+        "db upgrade",
+        "db current",
+        "put",
+        "run",
+    }
+    for path in names:
+        result = invoke([*path, "--help"])
+        assert result.exit_code == 0, path
+        assert "Example" in result.stdout, path
+
+
+def typer_command() -> object:
+    import typer.main
+
+    return typer.main.get_command(app)

@@ -1,0 +1,66 @@
+"""topic set-retention, retention (dry run, then for real) and topic delete."""
+
+from __future__ import annotations
+
+import time
+
+from tests.cli.helpers import Node
+from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.metadata import MetadataStore, SegmentUpdate
+
+
+def age_sealed_segments(node: Node, hours: float) -> int:
+    """Pretend the sealed segments' newest messages were stored ``hours`` ago; returns how many."""
+    old = int(time.time() * 1000 - hours * 3_600_000)
+    with MetadataStore(node.metadata_url or f"sqlite:///{node.data_dir / 'metadata.db'}") as metadata:
+        aged = 0
+        for (path, kind), rows in metadata.list_all_segments().items():
+            for row in rows[:-1]:
+                metadata.update_segment(SegmentUpdate(path, kind.value, row.base_offset, end_timestamp=old))
+                aged += 1
+        return aged
+
+
+def test_retention_dry_run_then_delete(node: Node) -> None:
+    produce(node, 0, 400)
+    archive(node)
+    changed = node("topic", "set-retention", TOPIC, "2", output="json")
+    assert changed.json() == {"topic": TOPIC, "reserve_hours": 2, "status": "ACTIVE"}
+    assert node("retention", "--dry-run", output="json").json()["segment_count"] == 0
+    assert age_sealed_segments(node, 3) >= 2
+
+    plan = node("retention", "--dry-run", output="json").json()
+    assert plan["dry_run"] is True
+    assert {s["file_type"] for s in plan["segments"]} == {"COMMIT_LOG", "CONSUME_QUEUE"}
+    assert node("segments", TOPIC, "0", output="json").json()["rows"][0]["base_offset"] == 0  # nothing went
+
+    done = node("retention", output="json").json()
+    assert done["dry_run"] is False
+    assert [(s["file_type"], s["base_offset"]) for s in done["segments"]] == [
+        (s["file_type"], s["base_offset"]) for s in plan["segments"]
+    ]
+    new_min = plan["segments"][0]["min_offset_after"]
+    assert new_min > 0
+    (row,) = node("status", output="json").json()["rows"]
+    assert row["cold_min"] == new_min
+    assert node("verify", output="json").exit_code == 0
+    assert node("read", TOPIC, "0", "--offset", "0", "--tier", "cold").exit_code == 3
+    assert node("read", TOPIC, "0", "--offset", str(new_min), "--tier", "cold").exit_code == 0
+
+
+def test_topic_delete_refuses_without_yes(node: Node) -> None:
+    produce(node, 0, 50)
+    produce(node, 1, 10)
+    archive(node)
+    refused = node("topic", "delete", TOPIC)
+    assert refused.exit_code == 2 and "--yes" in refused.stderr
+    assert len(node("topics", output="json").json()["rows"]) == 1
+
+    deleted = node("topic", "delete", TOPIC, "--yes", output="json")
+    assert deleted.exit_code == 0, deleted.stderr
+    assert deleted.json() == {"topic": TOPIC, "queues": 2, "deleted": True}
+    assert node("topics", output="json").json()["rows"] == []
+    assert node("verify", output="json").json()["ok"] is True  # no orphan object left behind
+    assert node("topic", "delete", TOPIC, "--yes").exit_code == 3
+    assert node("topic", "set-retention", "Nope", "5").exit_code == 3
+    assert node("topic", "set-retention", TOPIC, "0").exit_code == 2
