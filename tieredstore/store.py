@@ -324,6 +324,14 @@ class TieredMessageStore:
         hot_in_memory_bytes: int | None = None,
         cache_clock: Callable[[], float] | None = None,
     ) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise ValidationError(
+                "TieredMessageStore is the synchronous wrapper; in async code use AsyncTieredMessageStore"
+            )
         self._runner = asyncio.Runner()
         self._opener: AbstractAsyncContextManager[AsyncTieredMessageStore] = AsyncTieredMessageStore.open(
             config,
