@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ _OFFSET = struct.Struct(">q")
 _HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
+# A put that passed validation: topic, queue id, the topic's layout, body, record tail, tag hash.
+_Validated = tuple[str, int, RecordLayout, bytes, bytes, int]
 # How long a disk-usage look stays good: statvfs on every put would cost more than the put.
 _DISK_CHECK_INTERVAL_MS = 200
 
@@ -458,6 +461,8 @@ class LocalMessageStore:
     ) -> PutResult:
         """Append one message; under sync flush it returns only once the message is on disk."""
         layout = self._layouts.get(topic) if type(topic) is str else None
+        # The common case is checked inline (a known topic, an int queue id in range, bytes within the
+        # size limit, no properties); anything else gets every rule, and its error, from _validated.
         if (
             layout is None
             or type(queue_id) is not int
@@ -465,16 +470,11 @@ class LocalMessageStore:
             or keys
             or tags is not None
             or properties
+            or not 0 <= queue_id < self._max_queues
+            or len(body) > self._max_message_size
         ):
             layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
         else:
-            # The common case, checked inline: a known topic, no properties, a plain int and bytes.
-            if not 0 <= queue_id < self._max_queues:
-                _check_queue_id(queue_id, self._max_queues)
-            if len(body) > self._max_message_size:
-                raise MessageTooLargeError(
-                    f"message body is {len(body)} bytes; max_message_size is {self._max_message_size}"
-                )
             tail, tag_code = layout.empty_tail, 0
         result = self._append(topic, queue_id, layout, body, tail, tag_code)
         if self._sync_flusher is not None:
@@ -483,11 +483,25 @@ class LocalMessageStore:
 
     def put_messages(self, requests: Iterable[PutRequest]) -> list[PutResult]:
         """Append a batch atomically with respect to validation and the disk guard: all or nothing."""
-        validated = self._validated
-        batch = [
-            (r.topic, r.queue_id, *validated(r.topic, r.queue_id, r.body, r.keys, r.tags, r.properties))
-            for r in requests
-        ]
+        layouts, max_queues, max_size = self._layouts, self._max_queues, self._max_message_size
+        batch: list[_Validated] = []
+        for topic, queue_id, body, keys, tags, properties in requests:
+            layout = layouts.get(topic) if type(topic) is str else None
+            # As in put_message: the common case inline, anything else through every rule.
+            if (
+                layout is None
+                or type(queue_id) is not int
+                or type(body) is not bytes
+                or keys
+                or tags is not None
+                or properties
+                or not 0 <= queue_id < max_queues
+                or len(body) > max_size
+            ):
+                layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
+            else:
+                tail, tag_code = layout.empty_tail, 0
+            batch.append((topic, queue_id, layout, body, tail, tag_code))
         if not batch:
             return []
         results = self._append_batch(batch)
@@ -574,7 +588,7 @@ class LocalMessageStore:
             self._unit_count += 1
         return PutResult(topic, queue_id, queue_offset, offset, size, store_timestamp)
 
-    def _append_batch(self, batch: list[tuple[str, int, RecordLayout, bytes, bytes, int]]) -> list[PutResult]:
+    def _append_batch(self, batch: list[_Validated]) -> list[PutResult]:
         """Write validated records and their units under one put lock, reserving room once for all of them."""
         sizes = [layout.fixed_size + len(body) + len(tail) for _, _, layout, body, tail, _ in batch]
         crcs = [zlib.crc32(body) & 0x7FFFFFFF for _, _, _, body, _, _ in batch]
@@ -587,10 +601,10 @@ class LocalMessageStore:
             if self._disk_cap is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
                 self._check_disk(total + UNIT_SIZE * len(batch), now)
             queues = self._queues
-            targets = [queues.get((item[0], item[1])) or self._queue(item[0], item[1]) for item in batch]
-            per_queue: dict[ConsumeQueue, int] = {}
-            for queue in targets:
-                per_queue[queue] = per_queue.get(queue, 0) + 1
+            targets = [
+                queues.get((topic, queue_id)) or self._queue(topic, queue_id) for topic, queue_id, _, _, _, _ in batch
+            ]
+            per_queue = Counter(targets)
             offset = log_.write_offset
             contiguous = (
                 log_.tail_start <= offset
@@ -629,8 +643,8 @@ class LocalMessageStore:
             end = results[-1].commitlog_offset + results[-1].size
             # As in _append: records are published before the units that point at them.
             log_.write_offset = end
-            for queue, result, item in zip(targets, results, batch, strict=True):
-                queue.append_unit(result.commitlog_offset, result.size, item[5])
+            for queue, (_, _, _, record_offset, size, _), item in zip(targets, results, batch, strict=True):
+                queue.append_unit(record_offset, size, item[5])
             self._dispatched_offset = end
             self._unit_count += len(batch)
         return results
