@@ -87,7 +87,7 @@ class _ColdFiles:
 
     @property
     def bytes(self) -> int:
-        return sum(r.size for r in self.commit_log) + sum(r.size for r in self.consume_queue)
+        return sum(int(r.size) for r in self.commit_log) + sum(int(r.size) for r in self.consume_queue)
 
     @property
     def time_range(self) -> tuple[int | None, int | None]:
@@ -319,7 +319,7 @@ def segments(
         async with open_read_node(cli.config) as node:
             await asyncio.to_thread(node.metadata.get_queue, topic, queue_id)
             path = node.flat.queue_path(topic, queue_id)
-            rows = []
+            rows: list[dict[str, Any]] = []
             for kind in types:
                 records = await asyncio.to_thread(node.metadata.list_segments, path, kind.value, statuses=statuses)
                 rows.extend(

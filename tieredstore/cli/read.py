@@ -131,8 +131,9 @@ class QueueReader:
         hot = self.node.hot
         if tier != "cold" and hot is not None and self.hot_range[0] < self.hot_range[1]:
             low, high = self.hot_range
+            hot_boundary: Literal["lower", "upper"] = "lower" if boundary is BoundaryType.LOWER else "upper"
             found = await asyncio.to_thread(
-                hot.offset_for_timestamp, self.topic, self.queue_id, timestamp, boundary.value.lower()
+                hot.offset_for_timestamp, self.topic, self.queue_id, timestamp, hot_boundary
             )
             stamp = await asyncio.to_thread(hot.store_timestamp, self.topic, self.queue_id, min(found, high - 1))
             if _qualifies(found, high, stamp, timestamp, boundary):

@@ -32,6 +32,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -300,7 +301,7 @@ async def _read_batch(flat_file: FlatMessageFile, offset: int, end: int, request
         taken += 1
     units = units[:taken]
     raw = await flat_file.read_commit_log(start, units[-1].commitlog_offset + units[-1].size - start)
-    records = []
+    records: list[bytes] = []
     for unit in units:
         begin = unit.commitlog_offset - start
         record = raw[begin : begin + unit.size]
@@ -466,14 +467,14 @@ def restore(
                 sink = DirectorySink(to_dir, fmt or "jsonl", dry_run=dry_run)
             try:
                 with _progress(cli, show and not dry_run) as bar:
-                    tasks: dict[tuple[str, int], Any] = {}
+                    tasks: list[TaskID] = []
 
                     def planned(queues: list[QueueOutcome]) -> None:
                         total = sum(q.end - q.resumed_at for q in queues)
-                        tasks["all"] = bar.add_task(f"restore {topic}", total=total)
+                        tasks.append(bar.add_task(f"restore {topic}", total=total))
 
                     def advanced(_queue: QueueOutcome, count: int) -> None:
-                        bar.advance(tasks["all"], count)
+                        bar.advance(tasks[0], count)
 
                     return await restore_archive(
                         node, request, sink, dry_run=dry_run, on_plan=planned, on_progress=advanced
