@@ -29,5 +29,9 @@ def configure_logging(level: str = "INFO", *, json: bool = False) -> None:
 
 
 def get_logger(name: str, **context: Any) -> Any:
-    """A bound structlog logger; ``context`` (topic=, queue_id=) rides along on every line."""
-    return structlog.get_logger(name).bind(**context)
+    """A lazy structlog logger; ``context`` (topic=, queue_id=) rides along on every line.
+
+    Lazy on purpose: binding at import time would freeze structlog's configuration before
+    ``configure_logging`` runs, and the CLI's level and renderer would be ignored.
+    """
+    return structlog.get_logger(name, logger_name=name, **context)
