@@ -31,7 +31,7 @@ BAD_TOPICS = {
     "space": "my topic",
     "unicode": "тема",
 }
-BAD_CONFIG_FILES = {
+BAD_CONFIG_FILES: dict[str, tuple[str | bytes, str]] = {
     "malformed-toml": ('data_dir = "d"\n[archiver\n', "is not valid TOML"),
     "unknown-top-level-key": ('colour = "blue"\n', "colour: unknown key"),
     "unknown-nested-key": ("[archiver]\ngroup_commit_cnt = 8\n", "archiver.group_commit_cnt: unknown key"),
@@ -96,13 +96,14 @@ def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
 def test_bad_urls_are_config_errors_without_their_secrets(tmp_path: Path, case: str) -> None:
     field, url = BAD_URLS[case]
     config = load_config(data_dir=tmp_path, **{field: url})
-    opener = (
-        (lambda: open_provider(config.effective_cold_url))
-        if field == "cold_url"
-        else (lambda: MetadataStore.open(config.effective_metadata_url))
-    )
+
+    def open_it() -> object:
+        if field == "cold_url":
+            return open_provider(config.effective_cold_url)
+        return MetadataStore.open(config.effective_metadata_url)
+
     with pytest.raises(ConfigError) as refused:
-        opener()
+        open_it()
     assert one_line(str(refused.value))
     assert "hunter2" not in str(refused.value)
 

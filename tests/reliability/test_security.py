@@ -8,6 +8,7 @@ import logging
 import os
 import sqlite3
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tieredstore.flat import FlatFileStore
 from tieredstore.formats.naming import FileType
 from tieredstore.logs import configure_logging
 from tieredstore.metadata import MetadataStore, SegmentUpdate, upgrade
+from tieredstore.providers.base import FileSegment
 from tieredstore.providers.posix import PosixProvider
 from tieredstore.runtime import open_cold_provider
 
@@ -58,7 +60,7 @@ def rooted(tmp_path: Path) -> tuple[PosixProvider, Path, Path]:
 async def every_operation(provider: PosixProvider, path: str) -> list[str]:
     """Run every provider operation on ``path``; the names of those that were not refused."""
     allowed = []
-    segment_calls = {
+    segment_calls: dict[str, Callable[[FileSegment], Awaitable[object]]] = {
         "create": lambda s: s.create(),
         "exists": lambda s: s.exists(),
         "real_size": lambda s: s.real_size(),
