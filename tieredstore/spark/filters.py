@@ -142,15 +142,17 @@ _COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEq
 
 def _apply(scan: ScanFilter, spark_filter: Filter) -> ScanFilter | None:
     """``scan`` narrowed by ``spark_filter``, or None when the filter is not one this source takes."""
-    attribute = getattr(spark_filter, "attribute", ())
+    attribute: tuple[str, ...] = getattr(spark_filter, "attribute", ())
     if len(attribute) != 1:
         return None
     column = attribute[0]
     if isinstance(spark_filter, IsNotNull):
         return scan if column in NON_NULL_COLUMNS else None
-    value = getattr(spark_filter, "value", None)
+    value: Any = getattr(spark_filter, "value", None)
     if column == "topic":
-        values = [value] if isinstance(spark_filter, EqualTo) else value if isinstance(spark_filter, In) else None
+        values: list[Any] | None = (
+            [value] if isinstance(spark_filter, EqualTo) else list(value) if isinstance(spark_filter, In) else None
+        )
         if values is None or not all(isinstance(v, str) for v in values):
             return None
         topics = frozenset(values) if scan.topics is None else scan.topics & frozenset(values)
