@@ -259,9 +259,6 @@ class Dispatcher:
                     continue
                 if state.archived_offset >= target and not state.needs_commit:
                     continue
-                if state.blocked_gap is not None:
-                    failed[key] = state.last_error or "lost range"
-                    continue
                 if state.failures >= max_attempts:
                     failed[key] = state.last_error or "commit failed"
                     continue
@@ -426,7 +423,7 @@ class Dispatcher:
         view = state.hot
         next_offset = state.append_offset
         if view.min_offset > next_offset:
-            return state.blocked_gap != (next_offset, view.min_offset)
+            return True  # a lost range to skip (or a failed skip to retry, gated by its backoff)
         backlog = view.max_offset - next_offset
         if backlog <= 0:
             return False
@@ -463,7 +460,7 @@ class Dispatcher:
             batch = _Batch([], await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
         state.hot = batch.hot
         if batch.hot.min_offset > start:
-            return self._skip_lost_range(state, start, batch.hot.min_offset)
+            return await self._skip_lost_range(state, start, batch.hot.min_offset)
         if not batch.messages:
             return False
         entries = self._index_entries(state, batch.messages) if self.index is not None else []
@@ -547,32 +544,33 @@ class Dispatcher:
             error=state.last_error,
         )
 
-    def _skip_lost_range(self, state: _QueueState, archived: int, hot_min: int) -> bool:
+    async def _skip_lost_range(self, state: _QueueState, archived: int, hot_min: int) -> bool:
         """The hot store dropped [archived, hot_min) before it was archived: say so, count it, move on."""
         flat_file = state.flat_file
         assert flat_file is not None
-        lost = hot_min - archived
-        if state.blocked_gap != (archived, hot_min):
+        reported = state.blocked_gap[1] if state.blocked_gap and state.blocked_gap[0] == archived else archived
+        lost = hot_min - reported
+        if lost > 0:
             log.error(
                 "hot store dropped messages before they were archived",
                 topic=state.topic,
                 queue_id=state.queue_id,
-                lost_from=archived,
+                lost_from=reported,
                 lost_to=hot_min - 1,
                 lost=lost,
             )
             self.metrics.lost_messages.labels(state.topic).inc(lost)
             self.stats.lost_messages += lost
-        if flat_file.consume_queue.is_empty and not flat_file.has_pending:
-            # Nothing archived yet: the queue simply starts at the hot min; the next commit records it.
-            flat_file.consume_queue.reset_initial_queue_offset(hot_min)
-            state.blocked_gap = None
-            return True
-        # The flat consume queue is dense by queue offset and cannot hold a hole yet; this queue waits
-        # (loudly, once) while every other queue carries on.
-        state.blocked_gap = (archived, hot_min)
-        state.last_error = f"lost range {archived}..{hot_min - 1}: the cold queue cannot skip past it"
-        return False
+            # Reported and counted once, even when the skip below fails and is retried.
+            state.blocked_gap = (archived, hot_min)
+        try:
+            # The cold queue records the lost range as a hole (durably) and continues at the hot min.
+            await flat_file.skip_to(hot_min)
+        except (TieredStoreError, OSError) as error:
+            self._record_failure(state, error, phase="skip")
+            return False
+        state.blocked_gap = None
+        return True
 
     # ---- queues ------------------------------------------------------------------------------------
 

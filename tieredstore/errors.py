@@ -6,7 +6,8 @@
     │   ├── InvalidTopicError                    topic name breaks RocketMQ's rule
     │   ├── InvalidQueueError                    queue id out of range
     │   ├── MessageTooLargeError                 body above max_message_size
-    │   └── InvalidPropertyError                 property name/value holds a separator byte
+    │   ├── InvalidPropertyError                 property name/value holds a separator byte
+    │   └── ReadOnlyError                        a write through a handle opened read-only
     ├── NotFoundError (LookupError)              a topic, queue, segment or message that does not exist
     ├── IntegrityError                           bytes that do not decode: bad magic, length or CRC
     │   └── CorruptRecordError                   names where the bad record is
@@ -57,6 +58,10 @@ class MessageTooLargeError(ValidationError):
 
 class InvalidPropertyError(ValidationError):
     """A property name or value containing the separator bytes 0x01 / 0x02."""
+
+
+class ReadOnlyError(ValidationError):
+    """A write (append, commit, repair) through a cold queue opened read-only; nothing was written."""
 
 
 class NotFoundError(TieredStoreError, LookupError):

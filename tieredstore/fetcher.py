@@ -298,17 +298,20 @@ class QueueOffsets:
     cold_max: int
     min_offset: int
     max_offset: int
+    # [start, end) offsets inside [cold_min, cold_max) that cold storage recorded as lost (never archived).
+    cold_lost: tuple[tuple[int, int], ...] = ()
 
     def hot_has(self, offset: int) -> bool:
         return self.hot_min <= offset < self.hot_max
 
     def cold_has(self, offset: int) -> bool:
-        return self.cold_min <= offset < self.cold_max
+        return self.cold_min <= offset < self.cold_max and not any(s <= offset < e for s, e in self.cold_lost)
 
     def next_held_after(self, offset: int) -> int:
         """The first offset above ``offset`` that some tier holds (``max_offset`` if none)."""
-        starts = [start for start, end in ((self.hot_min, self.hot_max), (self.cold_min, self.cold_max)) if start < end]
-        later = [start for start in starts if start > offset]
+        spans = [(self.hot_min, self.hot_max), (self.cold_min, self.cold_max)]
+        spans += [(end, self.cold_max) for _start, end in self.cold_lost]
+        later = [start for start, end in spans if start < end and start > offset]
         return min(later) if later else self.max_offset
 
 
@@ -376,6 +379,7 @@ class MessageFetcher:
         """The queue's offsets in each tier and over the tiers this policy reads."""
         _validate_queue(topic, queue_id)
         hot_min = hot_max = cold_min = cold_max = 0
+        cold_lost: tuple[tuple[int, int], ...] = ()
         known = False
         if self.hot is not None and self.hot.max_offset(topic, queue_id) > 0:
             known = True
@@ -385,13 +389,14 @@ class MessageFetcher:
             if flat_file is not None:
                 known = True
                 cold_min, cold_max = flat_file.min_offset, flat_file.archived_offset
+                cold_lost = tuple(flat_file.lost_ranges)
         ranges = [(start, end) for start, end in ((hot_min, hot_max), (cold_min, cold_max)) if start < end]
         if ranges:
             min_offset, max_offset = min(s for s, _ in ranges), max(e for _, e in ranges)
         else:
             # Nothing held: both ends sit where the queue will continue.
             min_offset = max_offset = max(hot_max, cold_max)
-        return QueueOffsets(known, hot_min, hot_max, cold_min, cold_max, min_offset, max_offset)
+        return QueueOffsets(known, hot_min, hot_max, cold_min, cold_max, min_offset, max_offset, cold_lost)
 
     async def min_offset(self, topic: str, queue_id: int) -> int:
         return (await self.offsets(topic, queue_id)).min_offset
@@ -561,7 +566,8 @@ class MessageFetcher:
         flat_file = await self.cold_file(topic, queue_id)
         if flat_file is None:
             raise NotFoundError(f"cold queue {topic}/{queue_id} is not loaded")
-        scan_end = self._scan_end(offset, min(cold_max, flat_file.archived_offset), max_count)
+        # A read stops where offsets recorded as lost begin; the next call is answered OFFSET_FOUND_NULL.
+        scan_end = self._scan_end(offset, min(cold_max, flat_file.archived_run_end(offset)), max_count)
         messages: list[FetchedMessage] = []
         position = offset
         while position < scan_end and len(messages) < max_count:

@@ -126,36 +126,8 @@ def segment_rows(
 def archived_queue(
     flat: FlatFileStore, position: QueuePosition, rows: dict[FileType, list[SegmentRecord]]
 ) -> FlatMessageFile:
-    """A queue's cold files exactly as metadata records them: read-only, nothing corrected or repaired.
-
-    Every segment is closed, so nothing can be appended through this handle; reads see the recorded
-    committed bytes.
-    """
-    flat_file = FlatMessageFile(
-        flat.provider,
-        flat.metadata,
-        flat.queue_path(position.topic, position.queue_id),
-        position,
-        settings=flat.settings,
-    )
-    for append_file in (flat_file.commit_log, flat_file.consume_queue):
-        segments = []
-        for row in sorted(rows.get(append_file.file_type, []), key=lambda r: r.base_offset):
-            if row.status not in LIVE_STATUSES:
-                continue
-            segment = flat.provider.segment(
-                append_file.file_type,
-                append_file.path,
-                row.base_offset,
-                commit_position=row.size,
-                max_size=append_file.max_segment_size,
-            )
-            segment.min_timestamp = row.begin_timestamp
-            segment.max_timestamp = row.end_timestamp
-            segment.close()
-            segments.append(segment)
-        append_file.segments = segments
-    return flat_file
+    """A queue's cold files exactly as metadata records them: read-only, nothing corrected or repaired."""
+    return flat.read_only_file(position, rows.get(FileType.COMMIT_LOG, []), rows.get(FileType.CONSUME_QUEUE, []))
 
 
 async def load_archived_queue(node: ReadNode, topic: str, queue_id: int) -> FlatMessageFile:

@@ -8,16 +8,25 @@ full segment is committed and recorded SEALED (with its final size) before the n
 
 ``commit_before`` orders commits across files: a consume queue names its commit log there, so no
 consume-queue byte becomes durable before the commit-log bytes it points at.
+
+A file may have holes: ``start_segment_at`` seals the last segment and starts the next one further
+on (a consume queue skipping queue offsets the hot store lost before they were archived). A hole is
+recorded by the segment rows alone — a sealed segment ending before the next one's base offset — so
+it survives a restart; reading inside a hole is NotFoundError, and a read stops where a hole begins.
+
+A file loaded with ``load`` is read-only: its segments are built from metadata rows as recorded,
+without any provider call and without repairs, for readers beside a running archiver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import time
 from collections.abc import Callable, Sequence
 
-from tieredstore.errors import NotFoundError, StorageError, ValidationError
+from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import AppendResult, FileSegment, Provider
@@ -55,6 +64,7 @@ class FlatAppendFile:
         self.segments: list[FileSegment] = []
         self._initial_offset = initial_offset
         self._recorded_sizes: dict[int, int] = {}
+        self.read_only = False
 
     def __repr__(self) -> str:
         return (
@@ -91,8 +101,35 @@ class FlatAppendFile:
         """No segment at all: the next append starts the file at its initial offset."""
         return not self.segments
 
+    def held_ranges(self) -> list[tuple[int, int]]:
+        """The committed bytes as [start, end) runs: one run unless the file has holes."""
+        runs: list[tuple[int, int]] = []
+        for segment in self.segments:
+            start, end = segment.base_offset, segment.base_offset + segment.commit_position
+            if runs and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], end)
+            elif end > start or segment is self.segments[-1]:
+                runs.append((start, end))
+        return runs
+
+    def holes(self) -> list[tuple[int, int]]:
+        """The [start, end) byte ranges between segments that no segment holds."""
+        runs = self.held_ranges()
+        return [(previous[1], current[0]) for previous, current in itertools.pairwise(runs)]
+
+    def _follows_hole(self, index: int) -> bool:
+        if index <= 0:
+            return False
+        previous, current = self.segments[index - 1], self.segments[index]
+        return previous.base_offset + previous.commit_position < current.base_offset
+
+    def _require_writable(self, action: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.path}/{self.file_type.value} is open read-only: cannot {action}")
+
     def reset_initial_offset(self, offset: int) -> None:
         """Where the first segment will start; only while the file has no segment."""
+        self._require_writable("move its start")
         if self.segments:
             raise ValidationError(f"{self.path}/{self.file_type.value} already starts at {self.min_offset}")
         if offset < 0:
@@ -113,6 +150,7 @@ class FlatAppendFile:
 
     async def append(self, data: bytes, timestamp: int) -> int:
         """Buffer ``data``, rolling to a new segment when the last one is full; returns its offset."""
+        self._require_writable("append")
         if not self.segments:
             await self._start_segment(self._initial_offset, timestamp)
         for _ in range(3):
@@ -133,24 +171,52 @@ class FlatAppendFile:
         await self.commit()
         last = self.segments[-1]
         if last.commit_position > 0:
-            last.close()
-            await asyncio.to_thread(
-                self.metadata.update_segment,
-                SegmentUpdate(
-                    self.path,
-                    self.file_type,
-                    last.base_offset,
-                    size=last.commit_position,
-                    status=SegmentStatus.SEALED,
-                    begin_timestamp=last.min_timestamp,
-                    end_timestamp=last.max_timestamp,
-                    sealed_timestamp=self.clock(),
-                ),
-            )
-            self._recorded_sizes[last.base_offset] = last.commit_position
+            await self._seal(last)
             await self._start_segment(self.commit_offset, timestamp)
         elif last.is_closed:
             raise StorageError(f"{last.key} is sealed but empty; it cannot be rolled")
+
+    async def _seal(self, segment: FileSegment) -> None:
+        segment.close()
+        await asyncio.to_thread(
+            self.metadata.update_segment,
+            SegmentUpdate(
+                self.path,
+                self.file_type,
+                segment.base_offset,
+                size=segment.commit_position,
+                status=SegmentStatus.SEALED,
+                begin_timestamp=segment.min_timestamp,
+                end_timestamp=segment.max_timestamp,
+                sealed_timestamp=self.clock(),
+            ),
+        )
+        self._recorded_sizes[segment.base_offset] = segment.commit_position
+
+    async def start_segment_at(self, offset: int, timestamp: int | None = None) -> None:
+        """Leave a hole: seal the last segment and start an empty one at ``offset`` (past the append offset).
+
+        Nothing may be buffered. An empty last segment is removed rather than sealed (an empty segment
+        holds nothing a hole could follow); if it was the only one the file simply starts at ``offset``.
+        Metadata is written in the order seal, then add, so a crash in between leaves no hole at all.
+        """
+        self._require_writable("start a segment")
+        if self.pending_bytes:
+            raise ValidationError(f"{self.path}/{self.file_type.value}: commit buffered bytes before leaving a hole")
+        if offset < self.append_offset:
+            raise ValidationError(
+                f"{self.path}/{self.file_type.value}: a new segment at {offset} would overlap data up to "
+                f"{self.append_offset}"
+            )
+        if self.segments and self.segments[-1].commit_position == 0:
+            await self._destroy_segment(self.segments.pop(), forget=True)
+        if not self.segments:
+            self._initial_offset = offset
+            return
+        last = self.segments[-1]
+        if not last.is_closed:
+            await self._seal(last)
+        await self._start_segment(offset, timestamp)
 
     async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
         await asyncio.to_thread(
@@ -162,6 +228,7 @@ class FlatAppendFile:
 
     async def commit(self) -> None:
         """Make every buffered byte durable (after ``commit_before``'s); StorageError keeps the buffers."""
+        self._require_writable("commit")
         if self.commit_before is not None:
             await self.commit_before.commit()
         for segment in self.segments:
@@ -191,16 +258,28 @@ class FlatAppendFile:
     # ---- reads -----------------------------------------------------------------------------------
 
     def segment_index(self, offset: int) -> int:
-        """Index of the segment holding ``offset``; NotFoundError below the min offset."""
+        """Index of the segment holding ``offset``; NotFoundError below the min offset or inside a hole."""
         if offset < self.min_offset or not self.segments:
             raise NotFoundError(
                 f"{self.path}/{self.file_type.value}: offset {offset} is below the min offset {self.min_offset}"
             )
         bases = [segment.base_offset for segment in self.segments]
-        return bisect.bisect_right(bases, offset) - 1
+        index = bisect.bisect_right(bases, offset) - 1
+        segment = self.segments[index]
+        if index < len(self.segments) - 1 and offset >= segment.base_offset + segment.commit_position:
+            following = self.segments[index + 1].base_offset
+            if following > segment.base_offset + segment.commit_position:
+                raise NotFoundError(
+                    f"{self.path}/{self.file_type.value}: offset {offset} lies in a hole "
+                    f"[{segment.base_offset + segment.commit_position}, {following}) that holds no data"
+                )
+        return index
 
     async def read(self, offset: int, length: int) -> bytes:
-        """Committed bytes in [offset, offset + length), across segments, trimmed at the commit offset."""
+        """Committed bytes in [offset, offset + length), across segments, trimmed at the commit offset.
+
+        A read stops where a hole begins; a read starting inside a hole is NotFoundError.
+        """
         if length < 0:
             raise ValidationError(f"read length {length} must not be negative")
         end = min(offset + length, self.commit_offset)
@@ -213,6 +292,8 @@ class FlatAppendFile:
         position = offset
         while position < end and index < len(self.segments):
             segment = self.segments[index]
+            if segment.base_offset > position:
+                break  # a hole: the bytes so far are all that is contiguous
             segment_end = min(end, segment.base_offset + segment.commit_position)
             if segment_end > position:
                 parts.append(await segment.read(position - segment.base_offset, segment_end - position))
@@ -229,6 +310,7 @@ class FlatAppendFile:
         removal marks the row DELETING, deletes the object, then marks the row DELETED, so a crash in
         between is finished by ``recover``. Returns how many segments were removed.
         """
+        self._require_writable("remove segments")
         removed = 0
         while len(self.segments) > 1:
             head = self.segments[0]
@@ -261,6 +343,7 @@ class FlatAppendFile:
 
     async def destroy(self) -> None:
         """Delete every segment (objects first, then their rows)."""
+        self._require_writable("delete segments")
         while self.segments:
             await self._destroy_segment(self.segments.pop(), forget=True)
 
@@ -268,11 +351,16 @@ class FlatAppendFile:
         """Remove every committed byte at or after ``offset`` (orphans after a crash).
 
         Segments that start at or after ``offset`` are deleted entirely (never the first one, which
-        is emptied instead); the segment holding ``offset`` is cut there.
+        is emptied instead); the segment holding ``offset`` is cut there. A segment starting exactly at
+        ``offset`` after a hole is emptied rather than deleted, so the hole stays recorded.
         """
+        self._require_writable("truncate")
         if offset < self.min_offset:
             raise ValidationError(f"cannot truncate {self.path}/{self.file_type.value} below {self.min_offset}")
-        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+        while len(self.segments) > 1 and (
+            self.segments[-1].base_offset > offset
+            or (self.segments[-1].base_offset == offset and not self._follows_hole(len(self.segments) - 1))
+        ):
             await self._destroy_segment(self.segments.pop(), forget=True)
         if not self.segments:
             return
@@ -298,8 +386,11 @@ class FlatAppendFile:
         """Rebuild the segment list from metadata and correct unsealed sizes from the provider.
 
         ``records`` are this file's rows (NEW, SEALED or DELETING) when the caller loaded them in
-        bulk. Removals interrupted by a crash are finished. Returns whether any size was corrected.
+        bulk. Removals interrupted by a crash are finished. Only NEW segments are sized from the
+        provider: a SEALED size was recorded after its last commit and never grows. Returns whether
+        any size was corrected.
         """
+        self._require_writable("recover")
         if records is None:
             records = await asyncio.to_thread(
                 self.metadata.list_segments, self.path, self.file_type, statuses=RECOVERABLE_STATUSES
@@ -325,8 +416,34 @@ class FlatAppendFile:
             self.segments.append(segment)
             self._recorded_sizes[record.base_offset] = record.size
         for segment in self.segments:
-            if segment.is_closed and segment is not self.segments[-1]:
+            if segment.is_closed:
                 continue
             real = await segment.correct_commit_position()
             corrected = corrected or real != self._recorded_sizes[segment.base_offset]
         return corrected
+
+    def load(self, records: Sequence[SegmentRecord], *, limit_offset: int | None = None) -> None:
+        """Become a read-only view of ``records`` as recorded: no provider call, no repair, no writes.
+
+        NEW and SEALED rows become closed segments at their recorded sizes, trimmed at
+        ``limit_offset`` (bytes past it are not counted as committed); other rows are ignored.
+        """
+        self.read_only = True
+        self.segments = []
+        self._recorded_sizes = {}
+        for record in sorted(records, key=lambda r: r.base_offset):
+            if record.status not in (SegmentStatus.NEW, SegmentStatus.SEALED):
+                continue
+            size = record.size
+            if limit_offset is not None:
+                if record.base_offset > limit_offset and self.segments:
+                    break
+                size = max(0, min(size, limit_offset - record.base_offset))
+            segment = self.provider.segment(
+                self.file_type, self.path, record.base_offset, commit_position=size, max_size=self.max_segment_size
+            )
+            segment.min_timestamp = record.begin_timestamp
+            segment.max_timestamp = record.end_timestamp
+            segment.close()
+            self.segments.append(segment)
+            self._recorded_sizes[record.base_offset] = size

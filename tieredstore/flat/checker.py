@@ -6,6 +6,10 @@ commit log with no gap or overlap, each record must decode with a good CRC, sit 
 unit says with the size it says, carry the queue offset of its slot and its own PHYSICALOFFSET, and
 no commit-log byte may follow the last referenced record. Given the hot copy, each record must be
 byte-identical to it except for PHYSICALOFFSET.
+
+Queue offsets recorded as lost (``FlatMessageFile.skip_to``: a hole between consume-queue segments)
+are not a violation; the commit log runs on unbroken across them, since nothing there was ever
+archived. A hole with commit-log bytes in it is one that lost archived messages: UNRECORDED_GAP.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class ProblemKind(enum.StrEnum):
     OFFSET_RANGE = "OFFSET_RANGE"  # recorded positions disagree with the files
     UNIT_UNREADABLE = "UNIT_UNREADABLE"  # consume-queue bytes missing or not whole units
     COMMIT_LOG_GAP = "COMMIT_LOG_GAP"  # bytes between two records that no unit references
+    UNRECORDED_GAP = "UNRECORDED_GAP"  # queue offsets missing although their messages were archived
     COMMIT_LOG_OVERLAP = "COMMIT_LOG_OVERLAP"  # two units share bytes: a message archived twice
     COMMIT_LOG_MISSING = "COMMIT_LOG_MISSING"  # a unit points past the durable commit log
     CORRUPT_RECORD = "CORRUPT_RECORD"  # bad magic, length or CRC
@@ -101,37 +106,56 @@ async def check_queue_invariant(
         )
     expected_cl = flat_file.commit_log.min_offset
     first = True
-    queue_offset = flat_file.min_offset
-    while queue_offset < archived and len(problems) < max_problems:
-        count = min(batch, archived - queue_offset)
-        try:
-            units = await flat_file.read_units(queue_offset, count)
-        except CorruptRecordError as error:
-            report(ProblemKind.UNIT_UNREADABLE, queue_offset, None, str(error))
-            return problems
-        if len(units) < count:
-            report(
-                ProblemKind.UNIT_UNREADABLE,
-                queue_offset + len(units),
-                None,
-                f"{count - len(units)} archived units are not readable",
-            )
-            count = len(units)
-            archived = queue_offset + count
-        if not units:
+    runs = [(start, min(end, archived)) for start, end in flat_file.archived_runs if start < archived]
+    walked_end = flat_file.min_offset
+    unreadable = False
+    for run_index, (run_start, run_end) in enumerate(runs):
+        queue_offset = run_start
+        while queue_offset < run_end and len(problems) < max_problems:
+            count = min(batch, run_end - queue_offset)
+            try:
+                units = await flat_file.read_units(queue_offset, count)
+            except CorruptRecordError as error:
+                report(ProblemKind.UNIT_UNREADABLE, queue_offset, None, str(error))
+                return problems
+            if len(units) < count:
+                report(
+                    ProblemKind.UNIT_UNREADABLE,
+                    queue_offset + len(units),
+                    None,
+                    f"{count - len(units)} archived units are not readable",
+                )
+                count = len(units)
+                unreadable = True
+            if not units:
+                break
+            start = units[0].commitlog_offset
+            end = max(u.commitlog_offset + u.size for u in units)
+            raw = await flat_file.read_commit_log(start, end - start) if end > start else b""
+            for index, unit in enumerate(units):
+                offset = queue_offset + index
+                if first:
+                    # The head of the commit log may hold bytes of expired messages; only later gaps count.
+                    expected_cl = unit.commitlog_offset
+                    first = False
+                elif offset == run_start and unit.commitlog_offset > expected_cl:
+                    report(
+                        ProblemKind.UNRECORDED_GAP,
+                        offset,
+                        expected_cl,
+                        f"queue offsets {runs[run_index - 1][1]}..{run_start - 1} are missing from the consume queue "
+                        f"but {unit.commitlog_offset - expected_cl} commit-log bytes were archived for them",
+                    )
+                    expected_cl = unit.commitlog_offset
+                _check_unit(unit, offset, expected_cl, raw, start, flat_file, reference_of, report)
+                expected_cl = max(expected_cl, unit.commitlog_offset + unit.size)
+            queue_offset += count
+            walked_end = queue_offset
+            if unreadable:
+                break
+        if unreadable or queue_offset < run_end or len(problems) >= max_problems:
             break
-        start = units[0].commitlog_offset
-        end = max(u.commitlog_offset + u.size for u in units)
-        raw = await flat_file.read_commit_log(start, end - start) if end > start else b""
-        for index, unit in enumerate(units):
-            offset = queue_offset + index
-            if first:
-                # The head of the commit log may hold bytes of expired messages; only later gaps count.
-                expected_cl = unit.commitlog_offset
-                first = False
-            _check_unit(unit, offset, expected_cl, raw, start, flat_file, reference_of, report)
-            expected_cl = max(expected_cl, unit.commitlog_offset + unit.size)
-        queue_offset += count
+    archived = walked_end if runs else archived
     committed = flat_file.commit_log.commit_offset
     if archived > flat_file.min_offset and committed > expected_cl:
         report(

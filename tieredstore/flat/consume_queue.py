@@ -3,12 +3,18 @@
 Byte offset = queue offset * 20, so segment base offsets are queue offsets * 20 too. The store
 timestamp of a unit lives in the commit-log record it points at; the time search takes a function
 that fetches it, and assumes store timestamps do not decrease along the queue.
+
+Queue offsets lost before they were archived are a hole between two segments (see
+``FlatAppendFile.start_segment_at``): ``held_runs`` lists the archived runs, reads inside a hole are
+NotFoundError, and searches skip holes.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
-from collections.abc import Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
 
 from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
@@ -25,6 +31,21 @@ class BoundaryType(enum.StrEnum):
 
     LOWER = "LOWER"
     UPPER = "UPPER"
+
+
+class HeldOffsets:
+    """The archived queue offsets of some runs as one dense sequence: index ``k`` to queue offset."""
+
+    def __init__(self, runs: Sequence[tuple[int, int]]) -> None:
+        self.runs = [run for run in runs if run[1] > run[0]]
+        self._starts = list(itertools.accumulate((end - start for start, end in self.runs), initial=0))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def offset(self, index: int) -> int:
+        run = bisect.bisect_right(self._starts, index) - 1
+        return self.runs[run][0] + index - self._starts[run]
 
 
 class FlatConsumeQueueFile(FlatAppendFile):
@@ -76,6 +97,14 @@ class FlatConsumeQueueFile(FlatAppendFile):
     def queue_offset_of(position: int) -> int:
         return position // UNIT_SIZE
 
+    def held_runs(self) -> list[tuple[int, int]]:
+        """Archived queue offsets as [start, end) runs; more than one only when offsets were lost."""
+        return [(start // UNIT_SIZE, end // UNIT_SIZE) for start, end in self.held_ranges() if end > start]
+
+    def lost_runs(self) -> list[tuple[int, int]]:
+        """The [start, end) queue offsets between the min and the commit offset that were never archived."""
+        return [(start // UNIT_SIZE, end // UNIT_SIZE) for start, end in self.holes()]
+
     def reset_initial_queue_offset(self, queue_offset: int) -> None:
         self.reset_initial_offset(queue_offset * UNIT_SIZE)
 
@@ -107,29 +136,29 @@ class FlatConsumeQueueFile(FlatAppendFile):
         return units[0]
 
     async def find_queue_offset(self, timestamp: int, boundary: BoundaryType, timestamp_of: TimestampOf) -> int:
-        """Queue offset for a store time, by binary search over committed units.
+        """Queue offset for a store time, by binary search over committed units (skipping lost offsets).
 
         LOWER: the smallest offset stored at or after ``timestamp`` (the commit offset if none is).
         UPPER: the largest offset stored at or before ``timestamp`` (the min offset if none is).
         """
-        low, high = self.min_queue_offset, self.commit_queue_offset
-        if low == high:
-            return low
+        held = HeldOffsets(self.held_runs())
+        if not held:
+            return self.min_queue_offset if boundary is BoundaryType.UPPER else self.commit_queue_offset
+        low, high = 0, len(held)
         if boundary is BoundaryType.LOWER:
             # First offset whose time is >= timestamp.
             while low < high:
                 middle = (low + high) // 2
-                if await timestamp_of(await self.read_unit(middle)) < timestamp:
+                if await timestamp_of(await self.read_unit(held.offset(middle))) < timestamp:
                     low = middle + 1
                 else:
                     high = middle
-            return low
-        first = low
+            return held.offset(low) if low < len(held) else self.commit_queue_offset
         # First offset whose time is > timestamp, then step back one.
         while low < high:
             middle = (low + high) // 2
-            if await timestamp_of(await self.read_unit(middle)) <= timestamp:
+            if await timestamp_of(await self.read_unit(held.offset(middle))) <= timestamp:
                 low = middle + 1
             else:
                 high = middle
-        return max(first, low - 1)
+        return held.offset(max(0, low - 1))

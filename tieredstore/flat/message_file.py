@@ -8,6 +8,15 @@ Recovery after a crash rebuilds both files from metadata, corrects their last se
 the provider, then restores the invariant "every durable unit points at durable bytes, and every
 durable commit-log byte is pointed at": a trailing partial unit is cut, units whose bytes did not
 survive are cut, and commit-log bytes no unit references are removed.
+
+Queue offsets the hot store dropped before they were archived are skipped with ``skip_to``: the
+consume queue leaves a hole (its last segment sealed, the next one starting at the new offset) while
+the commit log carries on unbroken. The hole is in the segment rows, so recovery keeps it; reads
+inside it are NotFoundError, and ``lost_ranges`` / ``next_archived_offset`` say where it is.
+
+``load`` builds a read-only view from metadata rows as recorded (no provider call, no repair), for
+readers that run beside an archiver: the CLI, Spark, a cold-only store. ``refresh`` re-reads the rows
+to see later commits; every write through such a view is ReadOnlyError.
 """
 
 from __future__ import annotations
@@ -17,10 +26,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tieredstore.errors import CorruptRecordError, StorageError, ValidationError
+from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.flat.append_file import Clock, wall_clock_ms
 from tieredstore.flat.commit_log import FlatCommitLogFile
-from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile
+from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile, HeldOffsets
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -30,6 +39,7 @@ from tieredstore.formats.message import (
     rewrite_physical_offset,
     store_timestamp_of,
 )
+from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentRecord
 from tieredstore.providers.base import Provider
 
@@ -118,6 +128,51 @@ class FlatMessageFile:
             f"archived={self.archived_offset}, append={self.append_offset})"
         )
 
+    @classmethod
+    def load(
+        cls,
+        provider: Provider,
+        metadata: MetadataStore,
+        path: str,
+        position: QueuePosition,
+        commit_log_records: Sequence[SegmentRecord],
+        consume_queue_records: Sequence[SegmentRecord],
+        *,
+        settings: FlatFileSettings | None = None,
+    ) -> FlatMessageFile:
+        """A read-only view of the queue exactly as metadata records it; no provider call, no repair.
+
+        Reads stop at the recorded archived offset (``position.max_offset``), so rows read after the
+        position, which a concurrent commit may have grown, add nothing unrecorded.
+        """
+        flat_file = cls(provider, metadata, path, position, settings=settings)
+        flat_file._load(position, commit_log_records, consume_queue_records)
+        return flat_file
+
+    def _load(
+        self,
+        position: QueuePosition,
+        commit_log_records: Sequence[SegmentRecord],
+        consume_queue_records: Sequence[SegmentRecord],
+    ) -> None:
+        self._position = position
+        self.consume_queue.load(consume_queue_records, limit_offset=position.max_offset * UNIT_SIZE)
+        if self.consume_queue.is_empty:
+            self.consume_queue._initial_offset = position.max_offset * UNIT_SIZE
+        self.commit_log.load(commit_log_records)
+
+    async def refresh(self) -> None:
+        """Re-read this read-only view's position and segment rows: see what was committed since."""
+        if not self.read_only:
+            raise ValidationError(f"{self}: only a read-only view is refreshed; the archiver's copy is current")
+        metadata = self.metadata
+        position = await asyncio.to_thread(metadata.get_queue, self.topic, self.queue_id)
+        commit_log_rows, consume_queue_rows = await asyncio.gather(
+            asyncio.to_thread(metadata.list_segments, self.path, FileType.COMMIT_LOG.value),
+            asyncio.to_thread(metadata.list_segments, self.path, FileType.CONSUME_QUEUE.value),
+        )
+        self._load(position, commit_log_rows, consume_queue_rows)
+
     # ---- positions -------------------------------------------------------------------------------
 
     @property
@@ -141,6 +196,35 @@ class FlatMessageFile:
         return self._position
 
     @property
+    def read_only(self) -> bool:
+        """Loaded from metadata as recorded (``load``): readable, never written or repaired."""
+        return self.consume_queue.read_only
+
+    @property
+    def lost_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) queue offsets below the archived offset that were skipped, never archived."""
+        return self.consume_queue.lost_runs()
+
+    @property
+    def archived_runs(self) -> list[tuple[int, int]]:
+        """[start, end) queue offsets that are archived: one run unless offsets were lost."""
+        return self.consume_queue.held_runs()
+
+    def next_archived_offset(self, queue_offset: int) -> int:
+        """``queue_offset`` if it is archived or at/above the archived offset, else the first archived one after it."""
+        for start, end in self.archived_runs:
+            if queue_offset < end:
+                return max(queue_offset, start)
+        return max(queue_offset, self.archived_offset)
+
+    def archived_run_end(self, queue_offset: int) -> int:
+        """One past the last offset of the archived run holding ``queue_offset`` (where a read of it stops)."""
+        for start, end in self.archived_runs:
+            if start <= queue_offset < end:
+                return end
+        raise NotFoundError(f"queue {self.topic}/{self.queue_id}: offset {queue_offset} is not archived")
+
+    @property
     def has_pending(self) -> bool:
         return self.commit_log.pending_bytes > 0 or self.consume_queue.pending_bytes > 0
 
@@ -152,6 +236,7 @@ class FlatMessageFile:
         The record's PHYSICALOFFSET is rewritten to that offset; nothing is durable until ``commit``.
         The first message of an empty queue may start at any offset; later ones must follow on.
         """
+        self._require_writable("append")
         if queue_offset < 0:
             raise ValidationError(f"queue offset {queue_offset} must not be negative")
         self._validate_record(record, queue_offset)
@@ -189,11 +274,40 @@ class FlatMessageFile:
         A StorageError keeps every buffer for the next call; a metadata failure leaves the files
         committed and the record is written by the next call (or corrected by recovery).
         """
+        self._require_writable("commit")
         async with self._commit_lock:
             await self.commit_log.commit()
             await self.consume_queue.commit()
             await self._record_positions()
             return self.archived_offset
+
+    async def skip_to(self, queue_offset: int) -> int:
+        """Continue the queue at ``queue_offset``, durably recording [archived offset, queue_offset) as lost.
+
+        For offsets the hot store dropped before they were archived. Nothing may be buffered (commit
+        first). An empty queue simply starts at ``queue_offset``; otherwise the consume queue seals its
+        last segment and starts a new one there, and the commit log carries on. Returns the archived
+        offset, which is then ``queue_offset``.
+        """
+        self._require_writable("skip offsets")
+        async with self._commit_lock:
+            if self.has_pending:
+                raise ValidationError(f"{self}: commit buffered messages before skipping offsets")
+            if queue_offset < self.archived_offset:
+                raise ValidationError(
+                    f"queue {self.topic}/{self.queue_id} is archived up to {self.archived_offset}; "
+                    f"it cannot skip back to {queue_offset}"
+                )
+            if queue_offset == self.archived_offset:
+                return queue_offset
+            await self.consume_queue.start_segment_at(queue_offset * UNIT_SIZE)
+            nothing_archived = self.archived_offset == self.min_offset and not self.consume_queue.segments
+            await self._record_positions(min_offset=queue_offset if nothing_archived else None)
+            return self.archived_offset
+
+    def _require_writable(self, action: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"queue {self.topic}/{self.queue_id} is open read-only: cannot {action}")
 
     async def _record_positions(self, *, min_offset: int | None = None) -> None:
         updates = [u for u in (self.commit_log.segment_update(), self.consume_queue.segment_update()) if u]
@@ -252,6 +366,7 @@ class FlatMessageFile:
     async def destroy_expired(self, before_timestamp: int) -> int:
         """Remove data older than ``before_timestamp``: consume queue first, then the commit-log bytes
         no remaining unit references; records the new min offset. Returns segments removed."""
+        self._require_writable("remove expired data")
         async with self._commit_lock:
             return await self._destroy_expired(before_timestamp)
 
@@ -267,6 +382,7 @@ class FlatMessageFile:
 
     async def destroy(self) -> None:
         """Delete both files from storage and their segment rows (the queue row is the caller's)."""
+        self._require_writable("delete its files")
         await self.consume_queue.destroy()
         await self.commit_log.destroy()
 
@@ -278,6 +394,7 @@ class FlatMessageFile:
         consume_queue_records: Sequence[SegmentRecord] | None = None,
     ) -> RecoveryResult:
         """Rebuild from metadata and storage after a restart; see the module docstring."""
+        self._require_writable("recover")
         async with self._commit_lock:
             return await self._recover(commit_log_records, consume_queue_records)
 
@@ -295,15 +412,14 @@ class FlatMessageFile:
         whole_units_end = self.consume_queue.commit_offset - self.consume_queue.commit_offset % UNIT_SIZE
         if whole_units_end != self.consume_queue.commit_offset:
             await self.consume_queue.truncate(whole_units_end)
-        durable_end = await self._last_unit_with_durable_bytes()
+        last_unit, durable_end = await self._last_durable_unit()
         if durable_end < self.archived_offset:
             await self.consume_queue.truncate(durable_end * UNIT_SIZE)
         dropped = before_units - self.archived_offset
 
         referenced_end = self.commit_log.min_offset
         newest_timestamp: int | None = None
-        if self.archived_offset > self.min_offset:
-            last_unit = await self.consume_queue.read_unit(self.archived_offset - 1)
+        if last_unit is not None:
             referenced_end = last_unit.commitlog_offset + last_unit.size
             if corrected or dropped:
                 newest_timestamp = store_timestamp_of(await self.commit_log.record_head(last_unit.commitlog_offset))
@@ -324,24 +440,36 @@ class FlatMessageFile:
             sizes_corrected=corrected,
         )
 
-    async def _last_unit_with_durable_bytes(self) -> int:
-        """One past the last queue offset whose unit's commit-log bytes are all durable."""
-        low, high = self.min_offset, self.archived_offset
-        if low == high:
-            return low
-        durable = self.commit_log.commit_offset
+    async def _last_durable_unit(self) -> tuple[ConsumeQueueUnit | None, int]:
+        """The last archived unit whose commit-log bytes are all durable, and where the consume queue must end.
 
-        async def within(queue_offset: int) -> bool:
-            unit = await self.consume_queue.read_unit(queue_offset)
+        The end is the archived offset when every unit's bytes are durable, else the first unit whose
+        bytes are not. The usual case costs one unit read (the last one); lost offsets are skipped.
+        """
+        held = HeldOffsets(self.consume_queue.held_runs())
+        if not held:
+            return None, self.archived_offset
+        durable = self.commit_log.commit_offset
+        units: dict[int, ConsumeQueueUnit] = {}
+
+        async def unit_at(index: int) -> ConsumeQueueUnit:
+            if index not in units:
+                units[index] = await self.consume_queue.read_unit(held.offset(index))
+            return units[index]
+
+        async def within(index: int) -> bool:
+            unit = await unit_at(index)
             return unit.commitlog_offset + unit.size <= durable
 
-        if await within(high - 1):
-            return high
+        last = len(held) - 1
+        if await within(last):
+            return units[last], self.archived_offset
         # Units point at increasing commit-log offsets: find the first one past the durable end.
+        low, high = 0, last
         while low < high:
             middle = (low + high) // 2
             if await within(middle):
                 low = middle + 1
             else:
                 high = middle
-        return low
+        return (await unit_at(low - 1) if low > 0 else None), held.offset(low)

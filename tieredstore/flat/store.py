@@ -4,12 +4,16 @@ A restart costs two metadata queries (all queues, all live segments) however man
 then each queue corrects its last segments from the provider, at most ``recovery_concurrency``
 queues at once so a large broker does not open thousands of storage requests together. A queue
 whose recovery fails stays out of service (its error is kept) and is retried on next use.
+
+``open_read_only`` is for readers beside a running archiver (CLI, Spark, a cold-only store): the queue
+as metadata records it, never recovered (recovery truncates), never cached with the writable queues.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tieredstore.errors import NotFoundError, TieredStoreError
@@ -101,6 +105,40 @@ class FlatFileStore:
             self._failed.pop((topic, queue_id), None)
             self._files[(topic, queue_id)] = flat_file
             return flat_file
+
+    # ---- read-only views ---------------------------------------------------------------------------
+
+    def read_only_file(
+        self,
+        position: QueuePosition,
+        commit_log_records: Sequence[SegmentRecord],
+        consume_queue_records: Sequence[SegmentRecord],
+    ) -> FlatMessageFile:
+        """A read-only view of one queue from rows the caller already read (see ``FlatMessageFile.load``)."""
+        return FlatMessageFile.load(
+            self.provider,
+            self.metadata,
+            self.queue_path(position.topic, position.queue_id),
+            position,
+            commit_log_records,
+            consume_queue_records,
+            settings=self.settings,
+        )
+
+    async def open_read_only(self, topic: str, queue_id: int) -> FlatMessageFile:
+        """A read-only view of one queue as metadata records it now; NotFoundError for an unknown queue.
+
+        The position is read before the segment rows, so a commit in between only makes rows longer
+        than the view counts; ``refresh`` on the view sees later commits.
+        """
+        validate_topic(topic)
+        position = await asyncio.to_thread(self.metadata.get_queue, topic, queue_id)
+        path = self.queue_path(topic, queue_id)
+        commit_log_rows, consume_queue_rows = await asyncio.gather(
+            asyncio.to_thread(self.metadata.list_segments, path, FileType.COMMIT_LOG.value),
+            asyncio.to_thread(self.metadata.list_segments, path, FileType.CONSUME_QUEUE.value),
+        )
+        return self.read_only_file(position, commit_log_rows, consume_queue_rows)
 
     # ---- recovery --------------------------------------------------------------------------------
 
