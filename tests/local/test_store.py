@@ -152,6 +152,27 @@ def test_sync_puts_return_durable_and_share_syncs(tmp_path: Path) -> None:
         assert stats.commit_log_syncs < stats.sync_waits
 
 
+def test_a_failed_sync_fails_the_puts_it_covered_and_the_next_put_syncs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_config(flush_mode="sync", commit_log_file_size=8 << 20)
+    with LocalMessageStore(tmp_path, config=config) as store:
+        real_fdatasync = os.fdatasync
+
+        def failing_fdatasync(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+        with pytest.raises(OSError, match="Input/output error"):
+            store.put_message("t", 0, b"unsure")
+        assert store.commitlog_flushed_offset < store.commitlog_max_offset
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+        result = store.put_message("t", 0, b"sure")
+        assert store.commitlog_flushed_offset >= result.commitlog_offset + result.size
+        # The unconfirmed message stays in the log (as RocketMQ's FLUSH_DISK_TIMEOUT): now durable too.
+        assert [store.get_message("t", 0, offset).body for offset in (0, 1)] == [b"unsure", b"sure"]
+
+
 def test_async_flush_catches_up_within_the_interval(tmp_path: Path) -> None:
     with LocalMessageStore(tmp_path, config=small_config(flush_interval=0.05)) as store:
         result = store.put_message("t", 0, b"x")
