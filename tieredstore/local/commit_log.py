@@ -20,6 +20,8 @@ from tieredstore.local.mapped_file import MappedFile, fsync_directory
 from tieredstore.local.queue import list_offset_files
 
 END_FILE_MIN_BLANK_LENGTH = BLANK_HEADER.size
+# The tail buffer when there is no writable last file: empty and read-only, so any write to it raises.
+_NO_BUFFER = memoryview(b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,8 @@ class CommitLog:
         self._reserved_upto = 0
         # The last file, for appends that need no planning: a record may go at any offset in
         # [tail_start, tail_limit - size] straight into tail_buffer, leaving room for a blank header.
-        self.tail_buffer: mmap.mmap | None = None
+        # Without a last file the buffer is empty and read-only, so a write that skipped the limit check fails loudly.
+        self.tail_buffer: mmap.mmap | memoryview = _NO_BUFFER
         self.tail_start = 0
         self.tail_limit = -1
 
@@ -130,7 +133,7 @@ class CommitLog:
 
     def _refresh_tail(self) -> None:
         if not self.files or not self.writable:
-            self.tail_buffer, self.tail_start, self.tail_limit = None, 0, -1
+            self.tail_buffer, self.tail_start, self.tail_limit = _NO_BUFFER, 0, -1
             return
         last = self.files[-1]
         self.tail_buffer = last.buffer

@@ -20,6 +20,8 @@ from tieredstore.local.mapped_file import MappedFile, fsync_directory
 
 _UNIT = struct.Struct(">qiq")
 _OFFSET_AND_SIZE = struct.Struct(">qi")
+# The tail buffer when there is no writable last file: empty and read-only, so any write to it raises.
+_NO_BUFFER = memoryview(b"")
 
 
 def list_offset_files(directory: Path) -> list[tuple[int, Path]]:
@@ -47,7 +49,7 @@ class ConsumeQueue:
         self._flushed_offset = 0
         # The last file, for appends that need no file or reservation work: a unit whose bytes lie
         # in [tail_start, ready_upto) goes straight into tail_buffer.
-        self._tail_buffer: mmap.mmap | None = None
+        self._tail_buffer: mmap.mmap | memoryview = _NO_BUFFER
         self._tail_start = 0
         self.ready_upto = 0
 
@@ -72,7 +74,7 @@ class ConsumeQueue:
 
     def _refresh_tail(self) -> None:
         if not self._files or not self.writable:
-            self._tail_buffer, self._tail_start, self.ready_upto = None, 0, 0
+            self._tail_buffer, self._tail_start, self.ready_upto = _NO_BUFFER, 0, 0
             return
         last = self._files[-1]
         self._tail_buffer = last.buffer
@@ -201,7 +203,7 @@ class ConsumeQueue:
         queue_offset = self.max_offset
         position = queue_offset * UNIT_SIZE - self._tail_start
         if position >= 0 and self._tail_start + position + UNIT_SIZE <= self.ready_upto:
-            _UNIT.pack_into(self._tail_buffer, position, commitlog_offset, size, tag_hash)  # type: ignore[arg-type]
+            _UNIT.pack_into(self._tail_buffer, position, commitlog_offset, size, tag_hash)
             self.max_offset = queue_offset + 1
         else:
             self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), queue_offset)
@@ -285,6 +287,6 @@ class ConsumeQueue:
         return deleted
 
     def close(self) -> None:
-        self._tail_buffer, self._tail_start, self.ready_upto = None, 0, 0
+        self._tail_buffer, self._tail_start, self.ready_upto = _NO_BUFFER, 0, 0
         for file in self._files:
             file.close()

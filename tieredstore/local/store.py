@@ -578,8 +578,8 @@ class LocalMessageStore:
                 layout.sysflag, now, layout.born_raw, store_timestamp, layout.store_raw, 0, 0, body_size,
             )  # fmt: skip
             body_at = position + layout.fixed_size
-            buffer[body_at : body_at + body_size] = body  # type: ignore[index]
-            buffer[body_at + body_size : position + size] = tail  # type: ignore[index]
+            buffer[body_at : body_at + body_size] = body
+            buffer[body_at + body_size : position + size] = tail
             end = offset + size
             # Publish the record before the unit that points at it: a reader holding a unit can read it.
             log_.write_offset = end
@@ -637,7 +637,6 @@ class LocalMessageStore:
                 results.append(PutResult(topic, queue_id, queue_offset, record_offset, size, store_timestamp))
                 record_offset += size
             if positions is None:
-                assert log_.tail_buffer is not None
                 position = offset - log_.tail_start
                 log_.tail_buffer[position : position + total] = b"".join(parts)
             end = results[-1].commitlog_offset + results[-1].size
