@@ -8,7 +8,9 @@ import time
 import pytest
 
 from tests.archiver.helpers import Archive, PathFaultProvider
-from tieredstore.flat import FlatFileStore
+from tieredstore.fetcher import GetMessageStatus, MessageFetcher
+from tieredstore.flat import FlatFileStore, check_queue_invariant
+from tieredstore.formats.message import decode
 from tieredstore.providers.testing import FaultPlan, FaultyProvider
 
 ALWAYS = 10**9
@@ -122,6 +124,56 @@ async def test_a_range_the_hot_store_dropped_is_reported_and_skipped(archive: Ar
     assert dispatcher.stats.lost_messages == hot_min
     assert await archive.check("Lossy", 0) == []
     assert archive.archived("Other", 0) == 5
+
+
+async def test_a_range_lost_after_cold_data_is_skipped_and_the_queue_goes_on(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_timeout=0)
+    archive.put("Lossy", 0, 10)
+    await dispatcher.run_once()
+    assert archive.archived("Lossy", 0) == 10
+    early = {m.queue_offset: m.raw for m in archive.hot.read_messages("Lossy", 0, 0, 10)}
+    # The hot store then drops files holding messages the archiver never got (it was down, say).
+    archive.put("Lossy", 0, 60, size=40_000)
+    archive.hot.delete_expired(lambda topic, queue_id: 1 << 40, now_ms=1 << 60)
+    hot_min = archive.hot.min_offset("Lossy", 0)
+    assert hot_min > 10
+    archive.put("Lossy", 0, 3)
+
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Lossy", 0) == 73
+    flat_file = archive.flat.get("Lossy", 0)
+    assert flat_file.lost_ranges == [(10, hot_min)]
+    lost = archive.metrics.registry.get_sample_value("tieredstore_lost_messages_total", {"topic": "Lossy"})
+    assert lost == hot_min - 10 == dispatcher.stats.lost_messages
+
+    def reference() -> dict[int, bytes]:
+        later = archive.hot.read_messages("Lossy", 0, hot_min, 1 << 20, 1 << 40)
+        return early | {m.queue_offset: m.raw for m in later}
+
+    assert await check_queue_invariant(flat_file, reference=reference()) == []
+
+    # Readers see the gap as OFFSET_FOUND_NULL pointing past it, and the messages after it from cold storage.
+    fetcher = MessageFetcher(None, archive.flat)
+    into_gap = await fetcher.get_messages("Lossy", 0, 10)
+    assert (into_gap.status, into_gap.next_begin_offset) == (GetMessageStatus.OFFSET_FOUND_NULL, hot_min)
+    before_gap = await fetcher.get_messages("Lossy", 0, 7, max_count=32)
+    assert [m.queue_offset for m in before_gap.messages] == [7, 8, 9] and before_gap.next_begin_offset == 10
+    after_gap = await fetcher.get_messages("Lossy", 0, hot_min, max_count=2)
+    assert after_gap.status is GetMessageStatus.FOUND
+    assert [(m.queue_offset, m.tier) for m in after_gap.messages] == [(hot_min, "cold"), (hot_min + 1, "cold")]
+    hot_copy = archive.hot.read_messages("Lossy", 0, hot_min, 1, 1 << 30)[0]
+    assert after_gap.messages[0].body == decode(hot_copy.raw).body
+
+    # A restart keeps the gap, and archiving goes on after it.
+    restarted = FlatFileStore(archive.provider, archive.metadata, cluster="TestCluster", broker="broker-a")
+    archive.flat = restarted
+    archive.put("Lossy", 0, 2)
+    result = await asyncio.wait_for(archive.dispatcher(group_commit_timeout=0).run_once(), timeout=10)
+    assert result.failed == {}
+    assert restarted.get("Lossy", 0).lost_ranges == [(10, hot_min)]
+    assert archive.archived("Lossy", 0) == 75
+    assert await check_queue_invariant(restarted.get("Lossy", 0), reference=reference()) == []
 
 
 @pytest.mark.parametrize("start_from", ["earliest", "latest", "timestamp"])
