@@ -342,11 +342,16 @@ class Dispatcher:
     # ---- maintenance -------------------------------------------------------------------------------
 
     async def maintain(self) -> None:
-        """Delete hot files whose messages are all archived and old enough; seal and upload index files."""
-        try:
-            await asyncio.to_thread(self.hot.delete_expired, self._archived_for_retention)
-        except (TieredStoreError, OSError) as error:
-            log.warning("hot retention failed", error=str(error))
+        """Delete hot files whose messages are all archived and old enough; seal and upload index files.
+
+        A read-only or followed hot store is not ours to delete from: its writer process runs hot
+        retention against the archived offsets in metadata (``AsyncTieredMessageStore.delete_expired_hot``).
+        """
+        if not self.hot.read_only:
+            try:
+                await asyncio.to_thread(self.hot.delete_expired, self._archived_for_retention)
+            except (TieredStoreError, OSError) as error:
+                log.warning("hot retention failed", error=str(error))
         await self._maintain_index()
 
     def _archived_for_retention(self, topic: str, queue_id: int) -> int:

@@ -7,23 +7,28 @@ here, so the mapping from config sections to constructor arguments exists once.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tieredstore.config import TieredStoreConfig
+from tieredstore.errors import ConfigError
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import index_path
 from tieredstore.index import IndexService
 from tieredstore.index.catalogue import MetadataIndexCatalogue
 from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.follower import HotStoreFollower, writer_lock_held
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider, url_scheme
+
+HotMode = Literal["auto", "writer", "follower"]
 
 
 def local_store_config(config: TieredStoreConfig) -> LocalStoreConfig:
@@ -59,8 +64,26 @@ def open_cold_provider(config: TieredStoreConfig) -> Provider:
     return open_provider(config.effective_cold_url, **provider_options(config))
 
 
-def open_hot_store(config: TieredStoreConfig, *, read_only: bool = False) -> LocalMessageStore:
-    return LocalMessageStore(config.hot_dir, config=local_store_config(config), read_only=read_only)
+def open_hot_store(
+    config: TieredStoreConfig, *, read_only: bool = False, mode: HotMode = "writer"
+) -> LocalMessageStore:
+    """The hot store as its writer, or (``follower``) following a writer in another process.
+
+    ``auto`` follows when another process holds the directory's writer lock and writes otherwise
+    (the embedded single-process setup). A follower is a LocalMessageStore whose puts are refused.
+    """
+    if mode not in ("auto", "writer", "follower"):
+        raise ConfigError(f"hot mode must be auto, writer or follower, not {mode!r}")
+    local_config = local_store_config(config)
+    if mode == "follower" or (mode == "auto" and writer_lock_held(config.hot_dir)):
+        return HotStoreFollower(config.hot_dir, config=local_config)
+    try:
+        return LocalMessageStore(config.hot_dir, config=local_config, read_only=read_only)
+    except ConfigError:
+        if mode == "auto" and not read_only and writer_lock_held(config.hot_dir):
+            # Another process took the lock between the look and the open.
+            return HotStoreFollower(config.hot_dir, config=local_config)
+        raise
 
 
 @dataclass
@@ -84,11 +107,13 @@ async def open_runtime(
     create_metadata: bool = True,
     recover: bool = True,
     metrics: Metrics | None = None,
+    hot_mode: HotMode = "writer",
 ) -> AsyncIterator[Runtime]:
     """Open metadata, the cold provider, the flat file store, the key index and (``hot``) the hot store.
 
-    ``recover`` loads and corrects every queue the metadata knows before yielding. Everything is
-    closed in reverse order on exit, also when opening a later part fails.
+    ``hot_mode`` is ``open_hot_store``'s ``mode``. ``recover`` loads and corrects every queue the
+    metadata knows before yielding. Everything is closed in reverse order on exit, also when opening
+    a later part fails.
     """
     async with AsyncExitStack() as stack:
         metadata = await asyncio.to_thread(MetadataStore.open, config.effective_metadata_url, create=create_metadata)
@@ -97,7 +122,7 @@ async def open_runtime(
         stack.push_async_callback(provider.close)
         hot_store: LocalMessageStore | None = None
         if hot:
-            hot_store = await asyncio.to_thread(open_hot_store, config)
+            hot_store = await asyncio.to_thread(functools.partial(open_hot_store, config, mode=hot_mode))
             stack.callback(hot_store.close)
         flat = FlatFileStore(
             provider,

@@ -6,8 +6,9 @@ owns one ``asyncio.Runner`` and runs every call on it, in the calling thread —
 loop thread, so it must not be used from inside a running event loop (use the async class there).
 
 Both open their parts through ``tieredstore.runtime.open_runtime``. The archiver (``tieredstore.dispatcher``)
-runs in the same process as the facade when the hot store is local (the hot store takes a directory
-lock): pass it ``store.runtime``.
+runs either in the same process as the facade (pass it ``store.runtime``) or as its own process
+(``tieredstore run``), which then follows the hot store read-only; the facade, as the hot store's
+writer, deletes archived hot files: ``delete_expired_hot`` or ``hot_retention_interval``.
 
 Key lookups find archived messages only (the key index is built by the archiver after each commit);
 a message still only in the hot store is found by its queue offset.
@@ -24,8 +25,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import structlog
+
 from tieredstore.config import ReadPolicy, TieredStoreConfig
-from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
+from tieredstore.errors import CorruptRecordError, NotFoundError, TieredStoreError, ValidationError
 from tieredstore.fetcher import (
     FetchedMessage,
     GetMessageResult,
@@ -36,10 +39,11 @@ from tieredstore.fetcher import (
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, PROPERTY_UNIQ_KEY, decode
 from tieredstore.formats.naming import hot_file_name, validate_topic
-from tieredstore.local.store import LocalMessageStore, PutResult
+from tieredstore.local.store import LocalMessageStore, PutResult, RetentionReport
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime, open_runtime
 
+log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Boundary = Literal["lower", "upper"]
 MAX_TIMESTAMP = (1 << 63) - 1
@@ -87,12 +91,25 @@ class AsyncTieredMessageStore:
         read_policy: ReadPolicy | None = None,
         hot_in_memory_bytes: int | None = None,
         cache_clock: Callable[[], float] | None = None,
+        hot_retention_interval: float | None = None,
     ) -> AsyncIterator[AsyncTieredMessageStore]:
-        """Open the runtime (``hot=False``: cold storage only) and a store on it; both close on exit."""
+        """Open the runtime (``hot=False``: cold storage only) and a store on it; both close on exit.
+
+        ``hot_retention_interval`` (seconds) runs ``delete_expired_hot`` that often in the background.
+        """
         async with open_runtime(config, hot=hot, metrics=metrics) as runtime:
-            yield cls(
+            store = cls(
                 runtime, read_policy=read_policy, hot_in_memory_bytes=hot_in_memory_bytes, cache_clock=cache_clock
             )
+            retention = None
+            if hot_retention_interval is not None:
+                retention = asyncio.create_task(store._hot_retention_loop(hot_retention_interval))
+            try:
+                yield store
+            finally:
+                if retention is not None:
+                    retention.cancel()
+                    await asyncio.gather(retention, return_exceptions=True)
 
     @property
     def read_policy(self) -> ReadPolicy:
@@ -117,6 +134,27 @@ class AsyncTieredMessageStore:
     ) -> PutResult:
         """Append one message to the hot store; the archiver moves it to cold storage later."""
         return await asyncio.to_thread(self._hot().put_message, topic, queue_id, body, keys, tags, properties)
+
+    # ---- hot retention --------------------------------------------------------------------------------
+
+    async def delete_expired_hot(self) -> RetentionReport:
+        """Delete hot files older than ``hot_retention_hours`` whose messages the archiver has recorded.
+
+        The archived offsets are read from metadata, so this works whether the archiver runs here or
+        as its own process (which only follows the hot store and so cannot delete from it).
+        """
+        hot = self._hot()
+        positions = await asyncio.to_thread(self.runtime.metadata.list_queues)
+        archived = {(p.topic, p.queue_id): p.max_offset for p in positions}
+        return await asyncio.to_thread(hot.delete_expired, lambda topic, queue_id: archived.get((topic, queue_id), 0))
+
+    async def _hot_retention_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.delete_expired_hot()
+            except (TieredStoreError, OSError) as error:
+                log.warning("hot retention failed; the next pass retries", error=str(error))
 
     # ---- reads ----------------------------------------------------------------------------------------
 
@@ -400,6 +438,10 @@ class TieredMessageStore:
         filter: MessageFilter | None = None,
     ) -> GetMessageResult:
         return self._run(self.store.get_messages(topic, queue_id, offset, max_count, filter))
+
+    def delete_expired_hot(self) -> RetentionReport:
+        """Hot retention against the archived offsets in metadata; call it periodically (no loop runs between calls)."""
+        return self._run(self.store.delete_expired_hot())
 
     def get_min_offset(self, topic: str, queue_id: int) -> int:
         return self._run(self.store.get_min_offset(topic, queue_id))

@@ -3,6 +3,8 @@
 SIGTERM or SIGINT stops it cleanly: no new batches are taken, in-flight commits finish (a second
 signal abandons them; the next start recovers), positions are flushed to metadata, and the exit code
 is 0 within ``shutdown_timeout``. ``--once`` archives what the hot store holds and exits (cron, tests).
+``--hot-mode``: by default the archiver owns the hot store when its writer lock is free (the demo and
+producers in this process) and follows it read-only when a producer process holds the lock.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from tieredstore.cli.app import CliState, app, state
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
 from tieredstore.local import LocalMessageStore, PutRequest
+from tieredstore.local.follower import HotStoreFollower
 from tieredstore.metrics import Metrics
-from tieredstore.runtime import open_runtime
+from tieredstore.runtime import HotMode, open_runtime
 
 DEMO_TOPICS = (("DemoOrders", 4), ("DemoPayments", 2))
 DEMO_TAGS = ("created", "paid", "shipped", "delivered")
@@ -212,17 +215,26 @@ class RunOptions:
     duration: float | None
     demo_messages: int
     demo_rate: float
+    hot_mode: HotMode = "auto"
 
 
 async def _archive(cli: CliState, config: TieredStoreConfig, options: RunOptions) -> dict[str, Any]:
     note = cli.output.note
     settings: ArchiverSettings = config.archiver
     metrics = Metrics()
-    async with open_runtime(config, recover=False, metrics=metrics) as runtime:
+    async with open_runtime(config, recover=False, metrics=metrics, hot_mode=options.hot_mode) as runtime:
         assert runtime.hot is not None
         hot = runtime.hot
+        following = isinstance(hot, HotStoreFollower)
+        if following:
+            note(
+                f"following {config.hot_dir} read-only: another process holds its writer lock "
+                "(it puts messages and deletes archived hot files)"
+            )
+            if options.demo:
+                raise errors.ConfigError("--demo needs to own the hot store; another process is its writer")
         empty = not hot.queues()
-        run_demo = options.demo is True or (options.demo is None and empty and not options.once)
+        run_demo = options.demo is True or (options.demo is None and empty and not options.once and not following)
         if run_demo and options.demo is None:
             note(
                 f"The hot store in {config.hot_dir} is empty: starting a demo workload of "
@@ -325,6 +337,13 @@ def run(
     ] = None,
     demo_messages: Annotated[int, typer.Option(help="How many messages the demo workload puts.", min=1)] = 20_000,
     demo_rate: Annotated[float, typer.Option(help="Demo messages per second.", min=1)] = 2_000.0,
+    hot_mode: Annotated[
+        HotMode,
+        typer.Option(
+            help="auto: own the hot store if its writer lock is free, else follow it; writer: own it or fail; "
+            "follower: only read it (a producer process owns it).",
+        ),
+    ] = "auto",
 ) -> None:
     """Archive the hot store to cold storage until stopped (SIGTERM/SIGINT), showing progress on stderr.
 
@@ -335,7 +354,7 @@ def run(
     overrides = {k: v for k, v in (("metrics_port", metrics_port), ("metrics_addr", metrics_addr)) if v is not None}
     if overrides:
         config = config.model_copy(update={"archiver": config.archiver.model_copy(update=overrides)})
-    options = RunOptions(demo, once, duration, demo_messages, demo_rate)
+    options = RunOptions(demo, once, duration, demo_messages, demo_rate, hot_mode)
     try:
         summary = asyncio.run(_archive(cli, config, options))
     except asyncio.CancelledError:

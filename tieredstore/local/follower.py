@@ -12,7 +12,8 @@ follows them:
   offset moves to its first remaining file and each queue's min offset to its first unit at or
   after it; an offset whose file vanished reads as below the min offset (NotFoundError), never as
   a crash;
-* **writer restarts**: a file the writer's recovery replaced (another inode) is mapped again.
+* **writer restarts**: a file the writer's recovery replaced (another inode) is mapped again;
+* **an early start**: a directory holding no commit log yet is followed as an empty store.
 
 A unit is served only once the record it points at checks out: magic, TOTALSIZE equal to the unit's
 size, PHYSICALOFFSET equal to the unit's offset, topic, queue id and queue offset of this queue, a
@@ -50,12 +51,15 @@ from tieredstore.formats.message import (
     HEADER_PREFIX,
     MAGIC_V1,
     MAGIC_V2,
+    NAME_VALUE_SEPARATOR,
     POS_BORN_HOST,
+    PROPERTY_TAGS,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     MessageRecord,
     decode,
     store_timestamp_of,
+    tag_hash,
 )
 from tieredstore.formats.naming import hot_file_name, validate_topic
 from tieredstore.local.config import LocalStoreConfig
@@ -79,6 +83,7 @@ _SHORT = struct.Struct(">h")
 _BYTE = struct.Struct(">b")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
+_TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
 DEFAULT_REFRESH_INTERVAL = 0.2
 
 
@@ -281,11 +286,21 @@ class _FollowedQueue:
         self.files = []
 
 
+def _tag_hash_of(properties: bytes) -> int:
+    """The tag hash a writer gives a record with these properties (0 without TAGS)."""
+    at = properties.find(_TAGS_MARKER)
+    if at < 0 or (at > 0 and properties[at - 1] != 0x02):
+        return 0
+    start = at + len(_TAGS_MARKER)
+    end = properties.find(b"\x02", start)
+    return tag_hash(properties[start : end if end >= 0 else len(properties)].decode("utf-8", "replace"))
+
+
 def record_problem(
     raw: bytes, unit: tuple[int, int, int], topic_raw: bytes, queue_id: int, queue_offset: int
 ) -> str | None:
     """Why ``raw`` is not yet the whole record ``unit`` points at for this queue offset; None when it is."""
-    commitlog_offset, size, _tag = unit
+    commitlog_offset, size, tag = unit
     if len(raw) != size or size < HEADER_PREFIX.size:
         return f"{len(raw)} bytes where the unit says {size}"
     try:
@@ -320,6 +335,9 @@ def record_problem(
             return f"properties length {properties_len} does not end at the record size"
         if properties_len and raw[-1] != 0x02:
             return "properties do not end in 0x02 (not fully written)"
+        expected_tag = _tag_hash_of(raw[cursor:]) if properties_len else 0
+        if expected_tag != tag:
+            return f"unit tag hash {tag} where the record's TAGS give {expected_tag}"
     except struct.error as exc:
         return f"undecodable header: {exc}"
     with memoryview(raw) as view:
@@ -354,8 +372,8 @@ class HotStoreFollower(LocalMessageStore):
         self._store_host = self.config.store_host_address
         self._closed = False
         self._lock = threading.RLock()
-        if not (self.root / "commitlog").is_dir():
-            raise NotFoundError(f"{self.root} has no commitlog directory; there is no hot store to follow")
+        if not self.root.is_dir():
+            raise NotFoundError(f"{self.root} is not a directory; there is no hot store to follow")
         self._log = _FollowedLog(self.root / "commitlog")
         self._followed: dict[tuple[str, int], _FollowedQueue] = {}
         self._listed_at = -1.0
