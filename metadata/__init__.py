@@ -4,8 +4,11 @@ from tieredstore.metadata.migrate import check_schema, current, downgrade, head,
 from tieredstore.metadata.models import IndexFileStatus, SegmentFileType, SegmentStatus, TopicStatus
 from tieredstore.metadata.store import (
     LIVE_SEGMENT_STATUSES,
+    EpochFence,
     IndexFileRecord,
+    Membership,
     MetadataStore,
+    QueueLease,
     QueuePosition,
     SegmentRecord,
     SegmentUpdate,
@@ -14,9 +17,12 @@ from tieredstore.metadata.store import (
 
 __all__ = [
     "LIVE_SEGMENT_STATUSES",
+    "EpochFence",
     "IndexFileRecord",
     "IndexFileStatus",
+    "Membership",
     "MetadataStore",
+    "QueueLease",
     "QueuePosition",
     "SegmentFileType",
     "SegmentRecord",

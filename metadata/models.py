@@ -115,9 +115,24 @@ class Queue(Base):
     max_offset: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     updated: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
-    owner: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    owner: Mapped[str | None] = mapped_column(String(NAME_LENGTH), index=True)
     epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     lease_expiry: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Archiver(Base):
+    """One running archiver process: its membership lasts until ``heartbeat_expiry`` unless renewed.
+
+    The live rows give the number of archivers sharing the queues, hence each one's fair share of leases.
+    """
+
+    __tablename__ = "archivers"
+
+    owner: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    pid: Mapped[int] = mapped_column(Integer)
+    started: Mapped[int] = mapped_column(BigInteger)
+    heartbeat_expiry: Mapped[int] = mapped_column(BigInteger)
 
 
 class Segment(Base):

@@ -9,17 +9,23 @@ migrated implicitly, and PostgreSQL always needs ``tieredstore db upgrade``.
 Rows come back as frozen dataclasses, never as live ORM objects. Queue positions use optimistic
 concurrency: every update names the version it read and fails with ConcurrentUpdateError when
 another writer got there first.
+
+Several archivers sharing one database split the queues by lease (a queue row's owner, epoch and
+expiry; the ``archivers`` table counts who is alive). Lease times are the database's clock, so hosts
+with skewed clocks still agree on expiry. Taking a queue over bumps its epoch; an archiver installs
+an epoch fence (``set_epoch_fence``) and every position update it makes then also names the epoch it
+holds, failing with LeaseLostError once another archiver has taken the queue over.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, delete, inspect, or_, select, update
+from sqlalchemy import Engine, delete, func, inspect, or_, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.exc import SQLAlchemyError
@@ -27,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tieredstore.errors import (
     ConcurrentUpdateError,
+    LeaseLostError,
     MetadataError,
     NotFoundError,
     ValidationError,
@@ -42,6 +49,7 @@ from tieredstore.metadata.engine import (
 )
 from tieredstore.metadata.models import (
     DEFAULT_RESERVE_HOURS,
+    Archiver,
     IndexFile,
     IndexFileStatus,
     Queue,
@@ -54,6 +62,9 @@ from tieredstore.metadata.models import (
 
 LIVE_SEGMENT_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED)
 SegmentKey = tuple[str, str, int]
+QueueKey = tuple[str, int]
+# The epoch an archiver holds for a queue; raises LeaseLostError when it holds none.
+EpochFence = Callable[[str, int], int]
 
 
 def now_ms() -> int:
@@ -83,6 +94,30 @@ class QueuePosition:
     owner: str | None = None
     epoch: int = 0
     lease_expiry: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLease:
+    """An archiver's lease on one queue: valid until ``expiry`` (epoch ms, database clock)."""
+
+    topic: str
+    queue_id: int
+    owner: str
+    epoch: int
+    expiry: int
+
+    @property
+    def key(self) -> QueueKey:
+        return (self.topic, self.queue_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """The archivers alive now (heartbeat not expired) and how many queues they share."""
+
+    now: int
+    live_archivers: int
+    queues: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +239,7 @@ class MetadataStore:
         )
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(self._engine.execution_options(**{IMMEDIATE_OPTION: True}), expire_on_commit=False)
+        self._epoch_fence: EpochFence | None = None
 
     @classmethod
     def open(cls, url: str | URL, *, create: bool = True) -> MetadataStore:
@@ -250,6 +286,14 @@ class MetadataStore:
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def set_epoch_fence(self, fence: EpochFence | None) -> None:
+        """From now on every queue-position update names the epoch ``fence`` says this process holds.
+
+        An archiver holding leases installs its lease table here, so that writers that know nothing
+        of leases (the flat files record their own positions) are fenced all the same.
+        """
+        self._epoch_fence = fence
 
     def __enter__(self) -> MetadataStore:
         return self
@@ -428,8 +472,15 @@ class MetadataStore:
         min_offset: int | None = None,
         max_offset: int | None = None,
         segments: Sequence[SegmentUpdate] = (),
+        expected_epoch: int | None = None,
     ) -> QueuePosition:
-        """Queue positions and the segments they rest on, in one transaction with the optimistic check."""
+        """Queue positions and the segments they rest on, in one transaction with the optimistic check.
+
+        With ``expected_epoch`` (or an installed epoch fence) the update also requires the queue's lease
+        epoch to be that one: LeaseLostError when another archiver has taken the queue over since.
+        """
+        if expected_epoch is None and self._epoch_fence is not None:
+            expected_epoch = self._epoch_fence(topic, queue_id)
         _check_offset("min offset", min_offset)
         _check_offset("max offset", max_offset)
         if min_offset is not None and max_offset is not None and min_offset > max_offset:
@@ -443,22 +494,26 @@ class MetadataStore:
                 values["min_offset"] = min_offset
             if max_offset is not None:
                 values["max_offset"] = max_offset
+            conditions = [Queue.topic_id == topic_id, Queue.queue_id == queue_id, Queue.version == expected_version]
+            if expected_epoch is not None:
+                conditions.append(Queue.epoch == expected_epoch)
             row = session.execute(
-                update(Queue)
-                .where(
-                    Queue.topic_id == topic_id,
-                    Queue.queue_id == queue_id,
-                    Queue.version == expected_version,
-                )
-                .values(**values)
-                .returning(Queue)
+                update(Queue).where(*conditions).values(**values).returning(Queue)
             ).scalar_one_or_none()
             if row is None:
-                current = session.scalar(
-                    select(Queue.version).where(Queue.topic_id == topic_id, Queue.queue_id == queue_id)
-                )
-                if current is None:
+                found = session.execute(
+                    select(Queue.version, Queue.epoch, Queue.owner).where(
+                        Queue.topic_id == topic_id, Queue.queue_id == queue_id
+                    )
+                ).one_or_none()
+                if found is None:
                     raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+                current, epoch, owner = found
+                if expected_epoch is not None and epoch != expected_epoch:
+                    raise LeaseLostError(
+                        f"queue {topic}/{queue_id} is at lease epoch {epoch} (owner {owner}), not {expected_epoch}: "
+                        "another archiver took it over; nothing was recorded"
+                    )
                 raise ConcurrentUpdateError(
                     f"queue {topic}/{queue_id} is at version {current}, not {expected_version}: "
                     "another writer updated it first"
@@ -467,6 +522,120 @@ class MetadataStore:
             for segment in segments:
                 self._apply_segment_update(session, segment)
             return position
+
+    # ---- archivers and leases ----------------------------------------------------------------------
+
+    def _database_now_ms(self, session: Session) -> int:
+        """The database's clock: every archiver judges expiry by the same clock, whatever its host's says."""
+        if self.dialect == "postgresql":
+            seconds = session.scalar(select(func.extract("epoch", func.clock_timestamp())))
+            return int(float(seconds or 0) * 1000)
+        return now_ms()
+
+    def heartbeat_archiver(self, owner: str, *, hostname: str, pid: int, ttl_ms: int) -> Membership:
+        """Keep ``owner`` alive for ``ttl_ms`` more; forget archivers whose heartbeat expired; count the rest."""
+        if ttl_ms <= 0:
+            raise ValidationError(f"heartbeat ttl {ttl_ms} ms must be positive")
+        with self._writing("renew an archiver heartbeat") as session:
+            now = self._database_now_ms(session)
+            session.execute(delete(Archiver).where(Archiver.heartbeat_expiry < now, Archiver.owner != owner))
+            row = session.get(Archiver, owner)
+            if row is None:
+                session.add(
+                    Archiver(owner=owner, hostname=hostname, pid=pid, started=now, heartbeat_expiry=now + ttl_ms)
+                )
+            else:
+                row.heartbeat_expiry = now + ttl_ms
+            session.flush()
+            live = session.scalar(select(func.count()).select_from(Archiver).where(Archiver.heartbeat_expiry >= now))
+            queues = session.scalar(select(func.count()).select_from(Queue))
+            return Membership(now=now, live_archivers=int(live or 1), queues=int(queues or 0))
+
+    def remove_archiver(self, owner: str) -> None:
+        """Forget ``owner`` (a clean shutdown): the others count one archiver less at once."""
+        with self._writing("remove an archiver") as session:
+            session.execute(delete(Archiver).where(Archiver.owner == owner))
+
+    def _owned_leases(self, session: Session, owner: str) -> list[QueueLease]:
+        statement = (
+            select(Topic.name, Queue.queue_id, Queue.epoch, Queue.lease_expiry)
+            .join(Topic, Topic.id == Queue.topic_id)
+            .where(Queue.owner == owner)
+            .order_by(Topic.name, Queue.queue_id)
+        )
+        return [
+            QueueLease(name, queue_id, owner, epoch, expiry or 0)
+            for name, queue_id, epoch, expiry in session.execute(statement)
+        ]
+
+    def renew_leases(self, owner: str, *, ttl_ms: int) -> list[QueueLease]:
+        """Extend every lease ``owner`` still holds by ``ttl_ms``; returns them (a lease taken over is absent).
+
+        A lease that expired but was not taken over is extended too: its epoch is unchanged, so nobody
+        else has written the queue meanwhile.
+        """
+        with self._writing("renew leases") as session:
+            now = self._database_now_ms(session)
+            session.execute(update(Queue).where(Queue.owner == owner).values(lease_expiry=now + ttl_ms))
+            return self._owned_leases(session, owner)
+
+    def acquire_leases(self, owner: str, *, ttl_ms: int, limit: int) -> list[QueueLease]:
+        """Take up to ``limit`` queues that nobody holds or whose lease expired; each takeover bumps the epoch.
+
+        Candidates are locked with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (archivers acquiring at the
+        same moment take different queues instead of waiting on each other); each update also checks
+        the epoch it read, so a queue is never given to two owners.
+        """
+        if limit <= 0:
+            return []
+        with self._writing("acquire leases") as session:
+            now = self._database_now_ms(session)
+            candidates = session.execute(
+                select(Queue.topic_id, Queue.queue_id, Queue.epoch, Topic.name)
+                .join(Topic, Topic.id == Queue.topic_id)
+                .where(
+                    Queue.owner.is_distinct_from(owner),
+                    or_(Queue.owner.is_(None), Queue.lease_expiry.is_(None), Queue.lease_expiry < now),
+                )
+                .order_by(Queue.topic_id, Queue.queue_id)
+                .limit(limit)
+                .with_for_update(skip_locked=True, of=Queue)
+            ).all()
+            acquired = []
+            for topic_id, queue_id, epoch, name in candidates:
+                result = session.execute(
+                    update(Queue)
+                    .where(Queue.topic_id == topic_id, Queue.queue_id == queue_id, Queue.epoch == epoch)
+                    .values(owner=owner, epoch=epoch + 1, lease_expiry=now + ttl_ms)
+                )
+                if result.rowcount == 1:  # type: ignore[attr-defined]
+                    acquired.append(QueueLease(name, queue_id, owner, epoch + 1, now + ttl_ms))
+            return acquired
+
+    def release_leases(self, owner: str, keys: Collection[QueueKey] | None = None) -> int:
+        """Give up ``owner``'s leases (those of ``keys``, or all); the next owner's takeover bumps the epoch."""
+        with self._writing("release leases") as session:
+            statement = update(Queue).where(Queue.owner == owner)
+            if keys is not None:
+                if not keys:
+                    return 0
+                topic_ids = dict(
+                    session.execute(select(Topic.name, Topic.id).where(Topic.name.in_({t for t, _ in keys})))
+                    .tuples()
+                    .all()
+                )
+                released = 0
+                for topic, queue_id in keys:
+                    if topic not in topic_ids:
+                        continue
+                    result = session.execute(
+                        statement.where(Queue.topic_id == topic_ids[topic], Queue.queue_id == queue_id).values(
+                            owner=None, lease_expiry=None
+                        )
+                    )
+                    released += int(result.rowcount)  # type: ignore[attr-defined]
+                return released
+            return int(session.execute(statement.values(owner=None, lease_expiry=None)).rowcount)  # type: ignore[attr-defined]
 
     # ---- segments --------------------------------------------------------------------------------
 

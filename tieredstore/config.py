@@ -91,6 +91,23 @@ class ArchiverSettings(_Section):
     maintain_interval: float = Field(
         default=60.0, gt=0, description="seconds between hot-store retention and key-index upload passes"
     )
+    leases: bool | None = Field(
+        default=None,
+        description="split queues among several archivers by lease; default: on for PostgreSQL, off for SQLite",
+    )
+    owner_id: str | None = Field(default=None, max_length=200, description="default: <hostname>-<pid>-<random>")
+    lease_duration: float = Field(default=30.0, gt=0, description="seconds a queue lease lasts unless renewed")
+    lease_renew_interval: float = Field(default=10.0, gt=0, description="seconds between lease renewals")
+
+    @pydantic.model_validator(mode="after")
+    def _check_lease_timing(self) -> ArchiverSettings:
+        # A renewal may fail once and the lease must still be renewed well before it can be taken over.
+        if self.lease_renew_interval * 3 > self.lease_duration:
+            raise ValueError(
+                f"lease_renew_interval ({self.lease_renew_interval:g}s) must be at most a third of "
+                f"lease_duration ({self.lease_duration:g}s)"
+            )
+        return self
 
     @pydantic.field_validator("start_from")
     @classmethod

@@ -84,6 +84,12 @@ class FlatFileStore:
     def files(self) -> list[FlatMessageFile]:
         return list(self._files.values())
 
+    def forget(self, topic: str, queue_id: int) -> None:
+        """Unload a queue without touching storage or metadata (another archiver owns it now, or it is
+        reloaded from metadata on next use)."""
+        self._files.pop((topic, queue_id), None)
+        self._failed.pop((topic, queue_id), None)
+
     @property
     def failed(self) -> dict[QueueKey, BaseException]:
         """Queues whose last recovery failed, with the error."""
