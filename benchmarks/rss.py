@@ -13,7 +13,17 @@ DEFAULT_INTERVAL_S = 0.05
 
 def tree_rss(root: psutil.Process, exclude: set[int]) -> int:
     """Resident bytes of ``root`` and its descendants, leaving out ``exclude`` and everything under them."""
-    total = 0
+    return tree_memory(root, exclude)[0]
+
+
+def tree_memory(root: psutil.Process, exclude: set[int]) -> tuple[int, int]:
+    """(resident, anonymous resident) bytes of ``root``'s tree, leaving out ``exclude`` and what is under them.
+
+    Anonymous is resident minus file-backed and shared pages: what the processes hold themselves. Pages
+    of a memory-mapped file that was read (the hot store's commit log) count as resident but not as
+    anonymous; the kernel can drop them at will, as it can any page-cache page.
+    """
+    total = anonymous = 0
     excluded_trees: set[int] = set()
     for pid in exclude:
         try:
@@ -24,19 +34,23 @@ def tree_rss(root: psutil.Process, exclude: set[int]) -> int:
     try:
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return 0, 0
     for process in processes:
         if process.pid in excluded_trees:
             continue
         try:
-            total += process.memory_info().rss
+            memory = process.memory_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return total
+        total += memory.rss
+        anonymous += max(0, memory.rss - getattr(memory, "shared", 0))
+    return total, anonymous
 
 
 class PeakRss:
     """``with PeakRss() as peak: ...``; ``peak.bytes`` is the largest tree RSS seen while inside.
+
+    ``peak.anonymous_bytes`` is the largest anonymous part (RSS less file-backed and shared pages).
 
     ``pid`` defaults to this process; services we started (a moto server) go in ``exclude``.
     Sampling every 50 ms can miss a spike shorter than that, so the figure is a lower bound.
@@ -49,9 +63,12 @@ class PeakRss:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_until_stopped, name="peak-rss", daemon=True)
         self.bytes = 0
+        self.anonymous_bytes = 0
 
     def _sample(self) -> None:
-        self.bytes = max(self.bytes, tree_rss(self._root, self._exclude))
+        resident, anonymous = tree_memory(self._root, self._exclude)
+        self.bytes = max(self.bytes, resident)
+        self.anonymous_bytes = max(self.anonymous_bytes, anonymous)
 
     def _sample_until_stopped(self) -> None:
         while not self._stop.wait(self._interval):
@@ -72,3 +89,7 @@ class PeakRss:
     @property
     def mib(self) -> float:
         return self.bytes / (1 << 20)
+
+    @property
+    def anonymous_mib(self) -> float:
+        return self.anonymous_bytes / (1 << 20)

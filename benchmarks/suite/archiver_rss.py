@@ -45,6 +45,7 @@ def archiver_rss(ctx: BenchmarkContext) -> None:
         runs=ctx.rounds if ctx.quick else 1,
     )
     peaks: list[float] = []
+    anonymous_peaks: list[float] = []
     rates: list[float] = []
     with MotoServer(ctx.work_dir / "moto") as s3:
         for run in range(1 if not ctx.quick else ctx.rounds):
@@ -70,6 +71,7 @@ def archiver_rss(ctx: BenchmarkContext) -> None:
             if summary["messages"] != messages:
                 raise RuntimeError(f"the archiver archived {summary['messages']} of {messages} messages")
             peaks.append(peak.mib)
+            anonymous_peaks.append(peak.anonymous_mib)
             rates.append(float(summary["messages_per_second"]))
     ctx.figure(
         "peak RSS of the archiver process",
@@ -77,6 +79,13 @@ def archiver_rss(ctx: BenchmarkContext) -> None:
         "MiB",
         description=f"while archiving {hot.record_bytes / (1 << 30):.2f} GiB; target ≤ {TARGET_MIB} MiB "
         f"({'met' if max(peaks) <= TARGET_MIB else 'missed'})",
+    )
+    ctx.figure(
+        "peak anonymous RSS of the archiver process",
+        anonymous_peaks,
+        "MiB",
+        description="RSS less file-backed pages: the mapped hot commit log read while archiving is page cache, "
+        f"not archiver memory; target ≤ {TARGET_MIB} MiB ({'met' if max(anonymous_peaks) <= TARGET_MIB else 'missed'})",
     )
     ctx.figure("archiver throughput (its own summary)", rates, "msg/s", description="messages/s over `run --once`")
     if not ctx.quick:
