@@ -14,6 +14,14 @@ For one queue, under that queue's lock (DESIGN.md "Write path"):
 
 A failed commit puts its queue on an exponential backoff; the other queues carry on. The hot store's
 blocking calls run in worker threads. Hot data is deleted (``maintain``) only once it is archived.
+
+With a LeaseManager (several archivers on one PostgreSQL, see ``tieredstore.leases``) the dispatcher
+serves only the queues it holds a lease on, opening (recovering) each one when it is acquired, never
+all at start. A queue whose lease was lost, whose position update hit another archiver's epoch
+(LeaseLostError) or whose commit found another writer's bytes (CommitConflictError) is dropped at
+once with its buffers, never retried: the hot store still has the messages, and if the lease is
+still (or again) ours the queue is reloaded from metadata. Surplus leases are released only after
+the queue's in-flight batch is done.
 """
 
 from __future__ import annotations
@@ -28,11 +36,12 @@ from dataclasses import dataclass, field
 import structlog
 
 from tieredstore.config import ArchiverSettings
-from tieredstore.errors import NotFoundError, TieredStoreError
+from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundError, TieredStoreError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode, store_timestamp_of
 from tieredstore.index import IndexEntry, IndexService
+from tieredstore.leases import LeaseManager
 from tieredstore.local.store import LocalMessageStore, StoredMessage
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
@@ -123,6 +132,8 @@ class DispatchStats:
     commits: int = 0
     commit_failures: int = 0
     lost_messages: int = 0
+    # Queues dropped because another archiver took them over (or wrote where this one meant to).
+    queues_lost: int = 0
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -158,6 +169,7 @@ class Dispatcher:
         metrics: Metrics | None = None,
         maintain_interval: float = 60.0,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        leases: LeaseManager | None = None,
     ) -> None:
         self.hot = hot
         self.flat = flat
@@ -173,23 +185,34 @@ class Dispatcher:
         self._tasks: dict[QueueKey, asyncio.Task[None]] = {}
         self._stopping = False
         self._started = False
+        self.leases = leases
+        self._lease_task: asyncio.Task[None] | None = None
+        self._releases: set[asyncio.Task[None]] = set()
+        self._queues_with_rows: set[QueueKey] = set()
 
     @classmethod
     def from_runtime(
-        cls, runtime: Runtime, *, settings: ArchiverSettings | None = None, clock_ms: Callable[[], int] = wall_clock_ms
+        cls,
+        runtime: Runtime,
+        *,
+        settings: ArchiverSettings | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        leases: LeaseManager | None = None,
+        with_index: bool = True,
     ) -> Dispatcher:
-        """A dispatcher over the runtime's hot store, flat files, key index and metrics."""
+        """A dispatcher over the runtime's hot store, flat files, key index (``with_index``) and metrics."""
         if runtime.hot is None:
             raise TieredStoreError("the archiver needs the hot store; open the runtime with hot=True")
         return cls(
             runtime.hot,
             runtime.flat,
             metadata=runtime.metadata,
-            index=runtime.index,
+            index=runtime.index if with_index else None,
             settings=settings or runtime.config.archiver,
             metrics=runtime.metrics,
             maintain_interval=runtime.config.archiver.maintain_interval,
             clock_ms=clock_ms,
+            leases=leases,
         )
 
     # ---- start-up ----------------------------------------------------------------------------------
@@ -202,6 +225,14 @@ class Dispatcher:
         de-duplicate by queue offset).
         """
         if self._started:
+            return
+        if self.leases is not None:
+            # Queues are recovered one by one as their leases are acquired: recovering a queue another
+            # archiver is writing would cut its committed-but-unrecorded bytes.
+            self.metadata.set_epoch_fence(self.leases.epoch_of)
+            await self._lease_round()
+            self._lease_task = asyncio.create_task(self._lease_loop())
+            self._started = True
             return
         report = await self.flat.recover()
         for (topic, queue_id), error in report.failed.items():
@@ -247,11 +278,13 @@ class Dispatcher:
         while True:
             open_queues = []
             for key, target in targets.items():
-                if key in failed:
+                if key in failed or not self._serves(key):
                     continue
                 state = await self._opened_state(*key)
                 if state is None:
-                    state = self._queues[key]
+                    state = self._queues.get(key)
+                    if state is None:
+                        continue  # lost to another archiver, which archives it now
                     if state.failures >= max_attempts:
                         failed[key] = state.last_error or "cold queue could not be opened"
                     elif state.retry_at > time.monotonic():
@@ -301,6 +334,9 @@ class Dispatcher:
         self._stopping = True
         timeout = self.settings.shutdown_timeout
         deadline = time.monotonic() + timeout
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, *self._releases, return_exceptions=True)
         running = [task for task in self._tasks.values() if not task.done()]
         if running:
             _done, late = await asyncio.wait(running, timeout=timeout * 0.8)
@@ -324,6 +360,11 @@ class Dispatcher:
                         queue_id=state.queue_id,
                         error=str(error),
                     )
+        if self.leases is not None:
+            try:
+                await asyncio.to_thread(self.leases.close)
+            except TieredStoreError as error:
+                log.warning("leases not released at shutdown; they expire on their own", error=str(error))
 
     def status(self) -> list[QueueStatus]:
         """Every queue the dispatcher has seen, sorted by topic and queue id."""
@@ -381,6 +422,8 @@ class Dispatcher:
     def _read_hot_views(self, archived: dict[QueueKey, int]) -> dict[QueueKey, HotView]:
         views = {}
         for topic, queue_id in self.hot.queues():
+            if not self._serves((topic, queue_id)):
+                continue
             views[(topic, queue_id)] = self._hot_view(topic, queue_id, archived.get((topic, queue_id)))
         return views
 
@@ -445,6 +488,8 @@ class Dispatcher:
             while not self._stopping:
                 if until is not None and state.append_offset >= until and not state.needs_commit:
                     return
+                if not self._serves((state.topic, state.queue_id)):
+                    return  # the lease ran out, was lost or is being released: start nothing more
                 async with self._commit_slots:
                     moved = await self._archive_batch(state)
                 if not moved or not self._is_due(state, force=False, until=until):
@@ -529,6 +574,9 @@ class Dispatcher:
         return True
 
     def _record_failure(self, state: _QueueState, error: BaseException, *, phase: str) -> None:
+        if isinstance(error, LeaseLostError | CommitConflictError):
+            self._lose_queue(state, error, phase=phase)
+            return
         state.failures += 1
         settings = self.settings
         backoff = min(settings.retry_max_backoff, settings.retry_initial_backoff * 2 ** (state.failures - 1))
@@ -604,6 +652,8 @@ class Dispatcher:
     async def _open_queue(self, state: _QueueState) -> None:
         """Load the cold queue; on first sight create it at the ``start_from`` offset."""
         topic, queue_id = state.topic, state.queue_id
+        if not self._serves((topic, queue_id)):
+            raise LeaseLostError(f"queue {topic}/{queue_id} is not leased to this archiver")
         try:
             state.flat_file = self.flat.get(topic, queue_id)
         except NotFoundError:
@@ -621,6 +671,107 @@ class Dispatcher:
         if start_from == "latest":
             return self.hot.max_offset(topic, queue_id)
         return self.hot.offset_for_timestamp(topic, queue_id, int(start_from), "lower")
+
+    # ---- leases ------------------------------------------------------------------------------------
+
+    def _serves(self, key: QueueKey) -> bool:
+        """Whether this dispatcher may write the queue now (always, without leases)."""
+        return self.leases is None or self.leases.holds(key)
+
+    async def _lease_loop(self) -> None:
+        leases = self.leases
+        assert leases is not None
+        while not self._stopping:
+            await asyncio.sleep(leases.renew_interval)
+            await self._lease_round()
+
+    async def _lease_round(self) -> None:
+        """Renew, drop lost queues, start releasing surplus ones; acquired ones are opened by the next scan."""
+        leases = self.leases
+        assert leases is not None
+        try:
+            await self._create_queue_rows()
+            changes = await asyncio.to_thread(leases.round)
+        except (TieredStoreError, OSError) as error:
+            log.warning(
+                "lease renewal failed; this archiver stops writing its queues when their leases run out",
+                owner=leases.owner,
+                error=f"{type(error).__name__}: {error}",
+            )
+            return
+        for key in changes.lost:
+            state = self._queues.get(key)
+            if state is not None:
+                self._lose_queue(state, LeaseLostError(f"the lease of {key[0]}/{key[1]} was taken over"), phase="renew")
+        if changes.acquired or changes.lost or changes.surplus:
+            log.info(
+                "leases changed",
+                owner=leases.owner,
+                acquired=len(changes.acquired),
+                lost=len(changes.lost),
+                releasing=len(changes.surplus),
+                held=len(leases.held()),
+                fair_share=changes.fair_share,
+                archivers=changes.live_archivers,
+            )
+        if changes.surplus:
+            task = asyncio.create_task(self._release(changes.surplus))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _create_queue_rows(self) -> None:
+        """Give every hot queue a metadata row (at its ``start_from`` offset) so that it can be leased."""
+        hot_queues = await asyncio.to_thread(self.hot.queues)
+        missing = [key for key in hot_queues if key not in self._queues_with_rows]
+        if not missing:
+            return
+        self._queues_with_rows.update((p.topic, p.queue_id) for p in await asyncio.to_thread(self.metadata.list_queues))
+        for topic, queue_id in missing:
+            if (topic, queue_id) in self._queues_with_rows:
+                continue
+            start = await asyncio.to_thread(self._start_offset, topic, queue_id)
+            await asyncio.to_thread(self.metadata.get_or_create_queue, topic, queue_id, start_offset=start)
+            self._queues_with_rows.add((topic, queue_id))
+
+    async def _release(self, keys: list[QueueKey]) -> None:
+        """Hand surplus queues back once their in-flight batch is done (the lease is renewed meanwhile)."""
+        leases = self.leases
+        assert leases is not None
+        for key in keys:
+            state = self._queues.get(key)
+            if state is not None:
+                async with state.lock:
+                    self._unload(state)
+            try:
+                await asyncio.to_thread(leases.release, [key])
+            except TieredStoreError as error:
+                log.warning("lease release failed; it expires on its own", queue=f"{key[0]}/{key[1]}", error=str(error))
+
+    def _lose_queue(self, state: _QueueState, error: BaseException, *, phase: str) -> None:
+        """Another archiver owns the queue now (or wrote where this one meant to): drop it, never retry."""
+        key = (state.topic, state.queue_id)
+        if isinstance(error, LeaseLostError) and self.leases is not None:
+            self.leases.forget(key)
+        self._unload(state)
+        self.stats.queues_lost += 1
+        log.warning(
+            "lost the queue: dropped its buffered batch (the hot store keeps it); reloaded if leased again",
+            topic=state.topic,
+            queue_id=state.queue_id,
+            phase=phase,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+    def _unload(self, state: _QueueState) -> None:
+        key = (state.topic, state.queue_id)
+        if self._queues.get(key) is state:
+            del self._queues[key]
+        try:
+            loaded = self.flat.get(*key)
+        except NotFoundError:
+            return
+        if loaded is state.flat_file:
+            self.flat.forget(*key)
 
     def _update_lag(self, state: _QueueState) -> None:
         lag = max(0, state.hot.max_offset - state.archived_offset)

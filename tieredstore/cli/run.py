@@ -5,6 +5,10 @@ signal abandons them; the next start recovers), positions are flushed to metadat
 is 0 within ``shutdown_timeout``. ``--once`` archives what the hot store holds and exits (cron, tests).
 ``--hot-mode``: by default the archiver owns the hot store when its writer lock is free (the demo and
 producers in this process) and follows it read-only when a producer process holds the lock.
+
+Several archivers on one PostgreSQL split the queues by lease (``[archiver] leases``, on by default
+for PostgreSQL; ``--owner-id`` names the process in the queues table). On SQLite the archiver is
+single-process: a second one on the same database refuses to start.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from tieredstore import errors
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
+from tieredstore.leases import LeaseManager, SingleArchiverLock
 from tieredstore.local import LocalMessageStore, PutRequest
 from tieredstore.local.follower import HotStoreFollower
+from tieredstore.metadata.engine import parse_url
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import HotMode, open_runtime
 
@@ -200,6 +206,7 @@ def _summary(stats: DispatchStats, queues: list[QueueStatus], produced: int | No
         "commits": stats.commits,
         "commit_failures": stats.commit_failures,
         "lost_messages": stats.lost_messages,
+        "queues_lost": stats.queues_lost,
         "queues": len(queues),
         "lag": sum(q.lag for q in queues),
     }
@@ -218,7 +225,22 @@ class RunOptions:
     hot_mode: HotMode = "auto"
 
 
+def _uses_leases(config: TieredStoreConfig) -> bool:
+    if config.archiver.leases is not None:
+        return config.archiver.leases
+    return parse_url(config.effective_metadata_url).get_backend_name() == "postgresql"
+
+
 async def _archive(cli: CliState, config: TieredStoreConfig, options: RunOptions) -> dict[str, Any]:
+    # Before anything is opened: a second archiver on one SQLite database must not touch it at all.
+    single = SingleArchiverLock.for_url(config.effective_metadata_url)
+    if single is None:
+        return await _archive_opened(cli, config, options)
+    with single:
+        return await _archive_opened(cli, config, options)
+
+
+async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: RunOptions) -> dict[str, Any]:
     note = cli.output.note
     settings: ArchiverSettings = config.archiver
     metrics = Metrics()
@@ -248,7 +270,20 @@ async def _archive(cli: CliState, config: TieredStoreConfig, options: RunOptions
         if settings.metrics_port is not None:
             port = metrics.serve(settings.metrics_port, addr=settings.metrics_addr)
             note(f"metrics: http://{settings.metrics_addr}:{port}/metrics")
-        dispatcher = Dispatcher.from_runtime(runtime, settings=settings)
+        leases: LeaseManager | None = None
+        if _uses_leases(config):
+            leases = LeaseManager(
+                runtime.metadata,
+                owner=settings.owner_id,
+                lease_duration=settings.lease_duration,
+                renew_interval=settings.lease_renew_interval,
+            )
+            # The key index keeps one local directory and one catalogue per broker: it cannot be shared yet.
+            note(
+                f"leasing queues as {leases.owner} (lease {settings.lease_duration:g}s); "
+                "key-index entries are not written while archivers share queues"
+            )
+        dispatcher = Dispatcher.from_runtime(runtime, settings=settings, leases=leases, with_index=leases is None)
         await dispatcher.start()
         note(f"archiving {config.hot_dir} to {runtime.provider.url} (metadata: {runtime.metadata.url})")
 
@@ -268,6 +303,8 @@ async def _run_once(cli: CliState, dispatcher: Dispatcher, producer: DemoProduce
     if producer is not None:
         await asyncio.to_thread(producer.join)
     result = await dispatcher.run_once()
+    if dispatcher.leases is not None:
+        await dispatcher.shutdown()  # hands the leases back at once instead of letting them expire
     summary = _summary(result.stats, dispatcher.status(), producer.produced if producer else None)
     if result.failed:
         summary["failed_queues"] = {f"{t}/{q}": error for (t, q), error in sorted(result.failed.items())}
@@ -344,6 +381,10 @@ def run(
             "follower: only read it (a producer process owns it).",
         ),
     ] = "auto",
+    owner_id: Annotated[
+        str | None,
+        typer.Option(help="This archiver's name in queue leases (default: <hostname>-<pid>-<random>)."),
+    ] = None,
 ) -> None:
     """Archive the hot store to cold storage until stopped (SIGTERM/SIGINT), showing progress on stderr.
 
@@ -351,7 +392,11 @@ def run(
     """
     cli = state(ctx)
     config = cli.config
-    overrides = {k: v for k, v in (("metrics_port", metrics_port), ("metrics_addr", metrics_addr)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("metrics_port", metrics_port), ("metrics_addr", metrics_addr), ("owner_id", owner_id))
+        if v is not None
+    }
     if overrides:
         config = config.model_copy(update={"archiver": config.archiver.model_copy(update=overrides)})
     options = RunOptions(demo, once, duration, demo_messages, demo_rate, hot_mode)
