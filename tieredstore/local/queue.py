@@ -47,8 +47,9 @@ class ConsumeQueue:
         self.min_offset = 0
         self.max_offset = 0
         self._flushed_offset = 0
-        # The last file, for appends that need no file or reservation work: a unit whose bytes lie
-        # in [tail_start, ready_upto) goes straight into tail_buffer.
+        # The last file, for appends that need no file or reservation work: the next units go straight
+        # into tail_buffer while they end at or below ready_upto (a byte offset; 0 when the next unit
+        # is not in the last file, which only the slow path handles).
         self._tail_buffer: mmap.mmap | memoryview = _NO_BUFFER
         self._tail_start = 0
         self.ready_upto = 0
@@ -79,7 +80,8 @@ class ConsumeQueue:
         last = self._files[-1]
         self._tail_buffer = last.buffer
         self._tail_start = last.start_offset
-        self.ready_upto = last.start_offset + last.allocated_upto
+        in_last = self.max_offset * UNIT_SIZE >= last.start_offset
+        self.ready_upto = last.start_offset + last.allocated_upto if in_last else 0
 
     def _find_bounds(self) -> None:
         first = self._files[0]
@@ -192,8 +194,7 @@ class ConsumeQueue:
 
     def room_for(self, count: int) -> bool:
         """Whether the next ``count`` units can be appended with no file or reservation work."""
-        start_byte = self.max_offset * UNIT_SIZE
-        return self._tail_start <= start_byte and start_byte + count * UNIT_SIZE <= self.ready_upto
+        return (self.max_offset + count) * UNIT_SIZE <= self.ready_upto
 
     def append_unit(self, commitlog_offset: int, size: int, tag_hash: int) -> int:
         """Append the unit of the next queue offset and publish it; returns that offset.
@@ -201,9 +202,10 @@ class ConsumeQueue:
         ``prepare`` (or a true ``room_for``) must have made room first; then this cannot fail.
         """
         queue_offset = self.max_offset
-        position = queue_offset * UNIT_SIZE - self._tail_start
-        if position >= 0 and self._tail_start + position + UNIT_SIZE <= self.ready_upto:
-            _UNIT.pack_into(self._tail_buffer, position, commitlog_offset, size, tag_hash)
+        if (queue_offset + 1) * UNIT_SIZE <= self.ready_upto:
+            _UNIT.pack_into(
+                self._tail_buffer, queue_offset * UNIT_SIZE - self._tail_start, commitlog_offset, size, tag_hash
+            )
             self.max_offset = queue_offset + 1
         else:
             self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), queue_offset)

@@ -562,7 +562,11 @@ class LocalMessageStore:
                 self._check_disk(size + UNIT_SIZE, now)
             queue = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id)
             offset = log_.write_offset
-            if log_.tail_start <= offset and offset + size <= log_.tail_limit and queue.room_for(1):
+            if (
+                log_.tail_start <= offset
+                and offset + size <= log_.tail_limit
+                and (queue.max_offset + 1) * UNIT_SIZE <= queue.ready_upto
+            ):
                 buffer = log_.tail_buffer
                 position = offset - log_.tail_start
             else:
