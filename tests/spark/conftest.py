@@ -56,6 +56,7 @@ def _order_messages() -> dict[tuple[str, int], list[Any]]:
         for queue_id, count in ORDER_QUEUES.items()
     }
     messages[("empty", 0)] = []
+    messages[("holes", 0)] = [make_message("holes", 0, offset) for offset in [*range(0, 33), *range(60, 100)]]
     messages[("big", 0)] = [
         make_message("big", 0, 0, body_size=10),
         make_message("big", 0, 1, body_size=BIG_BODY),

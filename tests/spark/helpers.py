@@ -131,7 +131,10 @@ class Archive:
 async def archive_messages(
     archive: Archive, provider_options: dict[str, Any], messages: dict[tuple[str, int], list[MessageRecord]]
 ) -> None:
-    """Archive ``messages`` per (topic, queue) through FlatFileStore, committing every 25 messages."""
+    """Archive ``messages`` per (topic, queue) through FlatFileStore, committing every 25 messages.
+
+    A gap in a queue's offsets is archived as a consume-queue hole (``skip_to``).
+    """
     metadata = MetadataStore.open(archive.metadata_url)
     try:
         async with open_provider(archive.cold_url, **provider_options) as provider:
@@ -139,6 +142,10 @@ async def archive_messages(
             for (topic, queue_id), queue_messages in messages.items():
                 flat_file = await store.get_or_create(topic, queue_id)
                 for index, message in enumerate(queue_messages):
+                    if index and message.queue_offset != flat_file.append_offset:
+                        # Offsets the hot store lost: the consume queue keeps a hole, the commit log does not.
+                        await flat_file.commit()
+                        await flat_file.skip_to(message.queue_offset)
                     commitlog_offset = await flat_file.append(
                         message.encode(), message.queue_offset, message.store_timestamp, tag_hash(message.tags)
                     )

@@ -46,7 +46,8 @@ def test_counts_per_queue(spark: SparkSession, archive: Archive) -> None:
     assert counts == ORDER_QUEUES
 
 
-def test_queue_id_filter_prunes_to_that_queue(spark: SparkSession, archive: Archive) -> None:
+def test_queue_id_filter_prunes_to_that_queue(spark: SparkSession, posix_archive: Archive) -> None:
+    archive = posix_archive
     frame = load(spark, archive, "orders").where("queue_id = 1")
     assert collect(frame) == [row for row in archive.expected("orders") if row["queue_id"] == 1]
     queue_plans = [plan for plan in plans(archive, "orders") if plan.queue_id == 1]
@@ -57,7 +58,8 @@ def test_queue_id_filter_prunes_to_that_queue(spark: SparkSession, archive: Arch
     assert frame.rdd.getNumPartitions() == len([plan for plan in plans(archive, "orders") if plan.queue_id != 1])
 
 
-def test_queue_offset_range_reads_only_the_segments_holding_it(spark: SparkSession, archive: Archive) -> None:
+def test_queue_offset_range_reads_only_the_segments_holding_it(spark: SparkSession, s3_archive: Archive) -> None:
+    archive = s3_archive
     frame = load(spark, archive, "orders").where("queue_id = 0 and queue_offset >= 100 and queue_offset < 130")
     assert [row["queue_offset"] for row in collect(frame)] == list(range(100, 130))
     assert collect(frame) == [
@@ -68,7 +70,8 @@ def test_queue_offset_range_reads_only_the_segments_holding_it(spark: SparkSessi
     assert 0 < frame.rdd.getNumPartitions() == len(holding) < len(whole_queue)
 
 
-def test_store_timestamp_range_is_exact_and_prunes(spark: SparkSession, archive: Archive) -> None:
+def test_store_timestamp_range_is_exact_and_prunes(spark: SparkSession, s3_archive: Archive) -> None:
+    archive = s3_archive
     start, end = store_timestamp(0, 50), store_timestamp(0, 80)
     frame = load(spark, archive, "orders").where(
         f"store_timestamp >= timestamp_millis({start}) and store_timestamp <= timestamp_millis({end})"
@@ -79,7 +82,8 @@ def test_store_timestamp_range_is_exact_and_prunes(spark: SparkSession, archive:
     assert frame.rdd.getNumPartitions() < len(plans(archive, "orders"))
 
 
-def test_topic_filter_and_several_topics(spark: SparkSession, archive: Archive) -> None:
+def test_topic_filter_and_several_topics(spark: SparkSession, posix_archive: Archive) -> None:
+    archive = posix_archive
     both = load(spark, archive, "orders,big")
     assert collect(both) == archive.expected("big", "orders")
     only_big = both.where("topic = 'big'")
@@ -87,7 +91,8 @@ def test_topic_filter_and_several_topics(spark: SparkSession, archive: Archive) 
     assert only_big.rdd.getNumPartitions() == len(plans(archive, "big"))
 
 
-def test_unsupported_filters_are_left_to_spark(spark: SparkSession, archive: Archive) -> None:
+def test_unsupported_filters_are_left_to_spark(spark: SparkSession, posix_archive: Archive) -> None:
+    archive = posix_archive
     frame = load(spark, archive, "orders").where("tags = 'tag1' and size(keys) = 2 and queue_offset % 2 = 1")
     expected = [
         row
@@ -104,6 +109,16 @@ def test_contradictory_filters_read_nothing(spark: SparkSession, posix_archive: 
     assert frame.rdd.getNumPartitions() == 1  # Spark's placeholder when a source plans none
 
 
+def test_consume_queue_holes_are_stepped_over(spark: SparkSession, archive: Archive) -> None:
+    assert collect(load(spark, archive, "holes")) == archive.expected("holes")
+    frame = load(spark, archive, "holes").where(
+        f"queue_offset >= 30 and store_timestamp <= timestamp_millis({store_timestamp(0, 65)})"
+    )
+    assert [row["queue_offset"] for row in collect(frame)] == [30, 31, 32, 60, 61, 62, 63, 64, 65]
+    small = load(spark, archive, "holes", max_partition_bytes="8000")
+    assert collect(small) == archive.expected("holes")
+
+
 def test_empty_topic(spark: SparkSession, archive: Archive) -> None:
     frame = load(spark, archive, "empty")
     assert frame.count() == 0
@@ -118,8 +133,8 @@ def test_message_larger_than_a_read_block(spark: SparkSession, archive: Archive)
 
 
 def test_metadata_free_mode_lists_the_cold_url(spark: SparkSession, archive: Archive) -> None:
-    frame = load(spark, archive, "orders,big", metadata="none")
-    assert collect(frame) == archive.expected("big", "orders")
+    frame = load(spark, archive, "orders,big,holes", metadata="none")
+    assert collect(frame) == archive.expected("big", "holes", "orders")
     filtered = load(spark, archive, "orders", metadata="none").where("queue_id = 2 and queue_offset >= 30")
     assert collect(filtered) == [
         row for row in archive.expected("orders") if row["queue_id"] == 2 and row["queue_offset"] >= 30
@@ -144,7 +159,7 @@ def test_partitions_respect_max_partition_bytes(spark: SparkSession, posix_archi
 
 
 def test_unknown_topic_and_bad_options_fail_clearly(spark: SparkSession, posix_archive: Archive) -> None:
-    with pytest.raises(Exception, match="'nosuchtopic' is not in the metadata store"):
+    with pytest.raises(AnalysisException, match="'nosuchtopic' is not in the metadata store"):
         load(spark, posix_archive, "nosuchtopic").count()
     with pytest.raises(AnalysisException, match="unknown tieredstore option"):
         load(spark, posix_archive, "orders", cold_uri="typo")

@@ -3,6 +3,10 @@
 The Spark source must never change the archive it reads: ``FlatMessageFile.recover`` corrects sizes
 and removes orphan bytes, which is the archiver's job. ``ArchiveView`` therefore builds plain
 provider segment handles from the sizes it was given and only reads through them.
+
+A consume queue may have holes: offsets the hot store lost before they were archived, recorded as a
+gap between two consume-queue segments while the commit log carries on unbroken. The view knows the
+held runs of offsets, and every search and step moves over held offsets only.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
@@ -73,6 +77,8 @@ class ArchiveView:
         self._commit_log_bases = [span.base_offset for span in layout.commit_log]
         self._consume_queue_bases = [span.base_offset for span in layout.consume_queue]
         self._units: dict[int, ConsumeQueueUnit] = {}
+        self.held_runs = held_runs(layout.consume_queue)
+        self._run_starts = [start for start, _ in self.held_runs]
 
     def _segment(self, file_type: FileType, span: SegmentSpan) -> FileSegment:
         return self.provider.segment(file_type, self.layout.path, span.base_offset, commit_position=span.size)
@@ -134,37 +140,94 @@ class ArchiveView:
         (queue_offset,) = struct.unpack_from(">q", await self.record_head(span.base_offset), POS_QUEUE_OFFSET)
         return int(queue_offset)
 
+    # ---- held offsets (the consume queue minus its holes) ----------------------------------------
+
+    def next_held(self, queue_offset: int) -> int | None:
+        """The first held queue offset at or after ``queue_offset``; None past the last one."""
+        index = max(0, bisect.bisect_right(self._run_starts, queue_offset) - 1)
+        for start, end in self.held_runs[index:]:
+            if queue_offset < end:
+                return max(start, queue_offset)
+        return None
+
+    def last_held_before(self, queue_offset: int) -> int | None:
+        """The last held queue offset below ``queue_offset``; None if there is none."""
+        index = bisect.bisect_left(self._run_starts, queue_offset) - 1
+        if index < 0:
+            return None
+        return min(self.held_runs[index][1], queue_offset) - 1
+
+    def _held_within(self, low: int, high: int) -> list[tuple[int, int]]:
+        return [(max(s, low), min(e, high)) for s, e in self.held_runs if s < high and e > low]
+
+    def held_count(self, low: int, high: int) -> int:
+        return sum(end - start for start, end in self._held_within(low, high))
+
+    async def _first_held_where(self, low: int, high: int, predicate: Callable[[int], Awaitable[bool]]) -> int:
+        """The smallest held offset in [low, high) where a monotonic ``predicate`` holds; ``high`` if none."""
+        runs = self._held_within(low, high)
+        lengths = [end - start for start, end in runs]
+
+        def offset_at(rank: int) -> int:
+            for (start, _), length in zip(runs, lengths, strict=True):
+                if rank < length:
+                    return start + rank
+                rank -= length
+            return high
+
+        first, last = 0, sum(lengths)
+        while first < last:
+            middle = (first + last) // 2
+            if await predicate(offset_at(middle)):
+                last = middle
+            else:
+                first = middle + 1
+        return offset_at(first)
+
     async def store_timestamp(self, queue_offset: int) -> int:
         return store_timestamp_of(await self.record_head((await self.unit(queue_offset)).commitlog_offset))
 
     async def first_stored_at_or_after(self, timestamp_ms: int, low: int, high: int) -> int:
-        """The smallest queue offset in [low, high) stored at or after ``timestamp_ms``; ``high`` if none.
+        """The smallest held queue offset in [low, high) stored at or after ``timestamp_ms``; ``high`` if none.
 
         Binary search: assumes store times do not decrease along the queue, as the archiver writes them.
         """
-        while low < high:
-            middle = (low + high) // 2
-            if await self.store_timestamp(middle) < timestamp_ms:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+
+        async def stored_late_enough(queue_offset: int) -> bool:
+            return await self.store_timestamp(queue_offset) >= timestamp_ms
+
+        return await self._first_held_where(low, high, stored_late_enough)
 
     async def last_starting_at_or_before(
         self, commitlog_offset: int, low: int, high: int
     ) -> tuple[int, ConsumeQueueUnit]:
-        """Of the queue offsets in [low, high), the last whose record starts at or before ``commitlog_offset``.
+        """Of the held queue offsets in [low, high), the last whose record starts at or before ``commitlog_offset``.
 
         Returns that queue offset and its unit; the caller guarantees the record at ``low`` qualifies.
         """
-        high -= 1
-        while low < high:
-            middle = (low + high + 1) // 2
-            if (await self.unit(middle)).commitlog_offset <= commitlog_offset:
-                low = middle
-            else:
-                high = middle - 1
-        return low, await self.unit(low)
+
+        async def starts_after(queue_offset: int) -> bool:
+            return (await self.unit(queue_offset)).commitlog_offset > commitlog_offset
+
+        past = await self._first_held_where(low, high, starts_after)
+        found = self.last_held_before(past)
+        if found is None or found < low:
+            raise NotFoundError(f"{self.layout.path}: no record at or before commit-log offset {commitlog_offset}")
+        return found, await self.unit(found)
+
+
+def held_runs(consume_queue: Sequence[SegmentSpan]) -> list[tuple[int, int]]:
+    """The [start, end) runs of queue offsets the consume-queue segments hold, holes left out."""
+    runs: list[tuple[int, int]] = []
+    for span in consume_queue:
+        start, end = span.base_offset // UNIT_SIZE, span.end_offset // UNIT_SIZE
+        if end <= start:
+            continue
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+    return runs
 
 
 # ---- discovery ------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Planning a scan on the driver: one partition per (queue, commit-log segment), split to a byte budget.
 
 For each queue the pushed filters become one queue-offset range: offsets directly, store times by a
-binary search over the consume queue (after segments whose time range cannot match are dropped).
-Two consume-queue units turn that range into commit-log bytes; each commit-log segment the bytes
-touch is one partition, split at record boundaries (found by binary search over the consume queue)
-until none holds more than ``max_partition_bytes`` — unless a single record is larger.
+binary search over the consume queue (after segments whose time range cannot match are dropped);
+every search steps over consume-queue holes. Two consume-queue units turn that range into
+commit-log bytes; each commit-log segment the bytes touch is one partition, split at record
+boundaries (found by binary search over the consume queue) until none holds more than
+``max_partition_bytes`` — unless a single record is larger.
 
 A plan costs, per queue, two unit reads, one record-head read per further segment, ~2·log2(n) reads
 per time bound and ~log2(n) per split point; queues are planned ``planning_concurrency`` at a time.
@@ -83,7 +84,7 @@ class _Piece:
 
 async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     """``piece`` cut at record starts into pieces of at most ``budget`` bytes (or one record each)."""
-    if piece.size <= budget or piece.queue_end - piece.queue_start <= 1:
+    if piece.size <= budget or view.held_count(piece.queue_start, piece.queue_end) <= 1:
         return [piece]
     count = -(-piece.size // budget)
     targets = [piece.commitlog_start + piece.size * k // count for k in range(1, count)]
@@ -93,8 +94,9 @@ async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     cuts: dict[int, int] = {}
     for queue_offset, unit in found:
         if queue_offset == piece.queue_start:
-            # The first record alone passes the target: cut right after it instead.
-            queue_offset = piece.queue_start + 1
+            # The first record alone passes the target: cut right after it instead (there are at least two).
+            following = view.next_held(piece.queue_start + 1)
+            queue_offset = piece.queue_end if following is None else following
             unit = await view.unit(queue_offset)
         cuts[queue_offset] = unit.commitlog_offset
     bounds = [(piece.queue_start, piece.commitlog_start), *sorted(cuts.items()), (piece.queue_end, piece.commitlog_end)]
@@ -130,13 +132,16 @@ async def plan_queue(
     if scan_filter.has_time_range and not any(s.may_hold_time(start_ms, end_ms) for s in spans):
         return []
     view = ArchiveView(provider, layout)
+    held_low = view.next_held(low)
+    low = high if held_low is None else held_low
     if start_ms is not None:
         low = await view.first_stored_at_or_after(start_ms, low, high)
     if end_ms is not None:
         high = await view.first_stored_at_or_after(end_ms, low, high)
-    if low >= high:
+    last_offset = view.last_held_before(high)
+    if low >= high or last_offset is None or last_offset < low:
         return []
-    first, last = await asyncio.gather(view.unit(low), view.unit(high - 1))
+    first, last = await asyncio.gather(view.unit(low), view.unit(last_offset))
     byte_low, byte_high = first.commitlog_offset, last.commitlog_offset + last.size
     touched = [s for s in spans if s.size > 0 and s.base_offset < byte_high and s.end_offset > byte_low]
 

@@ -173,6 +173,7 @@ class PartitionScanner:
         self._queue_offset = plan.queue_start  # the queue offset that record must hold
         self._buffer = b""
         self._buffer_start = plan.commitlog_start
+        self._run_end: int | None = None  # end of the held run the current queue offset is in
 
     @property
     def done(self) -> bool:
@@ -226,7 +227,7 @@ class PartitionScanner:
                 await self._corrupt(str(corrupt))
                 continue
             self._position += size
-            self._queue_offset += 1
+            self._queue_offset = self._next_queue_offset()
             self.stats.records += 1
         # Rows filtered out do not count towards a batch, so an empty one means the range is done.
         self.stats.rows += len(builder)
@@ -245,11 +246,20 @@ class PartitionScanner:
             ) from None
         log.warning("skipping %s", error)
         self.stats.skipped += 1
-        self._queue_offset += 1
+        self._queue_offset = self._next_queue_offset()
         if self._queue_offset < self.plan.queue_end:
             self._position = (await self.view.unit(self._queue_offset)).commitlog_offset
         else:
             self._position = self.plan.commitlog_end
+
+    def _next_queue_offset(self) -> int:
+        """The queue offset the next record must hold: one more, or the far side of a consume-queue hole."""
+        following = self._queue_offset + 1
+        if self._run_end is None or following >= self._run_end:
+            held = self.view.next_held(following)
+            following = self.plan.queue_end if held is None else held
+            self._run_end = next((end for start, end in self.view.held_runs if start <= following < end), None)
+        return following
 
     def _decode(self, builder: ColumnBuilder, at: int, size: int) -> None:
         buffer = self._buffer
