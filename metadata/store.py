@@ -619,11 +619,12 @@ class MetadataStore:
             if keys is not None:
                 if not keys:
                     return 0
-                topic_ids = dict(
-                    session.execute(select(Topic.name, Topic.id).where(Topic.name.in_({t for t, _ in keys})))
-                    .tuples()
-                    .all()
-                )
+                topic_ids: dict[str, int] = {
+                    name: topic_id
+                    for name, topic_id in session.execute(
+                        select(Topic.name, Topic.id).where(Topic.name.in_({t for t, _ in keys}))
+                    )
+                }
                 released = 0
                 for topic, queue_id in keys:
                     if topic not in topic_ids:

@@ -1,0 +1,1 @@
+"""Several archivers on one metadata database: leases, fencing and the multi-process scenario."""
