@@ -53,3 +53,16 @@ def wait_for_text(path: Path, text: str, timeout: float) -> str:
             return content
         time.sleep(0.02)
     raise AssertionError(f"{text!r} did not appear in {path} within {timeout}s:\n{path.read_text(errors='replace')}")
+
+
+def start_producer(seed: int, rate: float, env: dict[str, str], stdout_path: Path) -> subprocess.Popen[bytes]:
+    """A producer putting until killed, about ``rate`` messages a second, its ACK lines going to ``stdout_path``."""
+    with stdout_path.open("wb") as stdout:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.archiver.producer", "-1", str(seed), str(rate)],
+            env=env,
+            cwd=REPO,
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
