@@ -211,6 +211,20 @@ class ConsumeQueue:
             self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), queue_offset)
         return queue_offset
 
+    def append_units(self, units: list[tuple[int, int, int]]) -> None:
+        """Append and publish consecutive units, each (commit-log offset, size, tag hash), as ``append_unit`` does."""
+        first = self.max_offset
+        end = first + len(units)
+        if end * UNIT_SIZE <= self.ready_upto:
+            buffer, position, pack_into = self._tail_buffer, first * UNIT_SIZE - self._tail_start, _UNIT.pack_into
+            for commitlog_offset, size, tag_hash in units:
+                pack_into(buffer, position, commitlog_offset, size, tag_hash)
+                position += UNIT_SIZE
+            self.max_offset = end
+            return
+        for commitlog_offset, size, tag_hash in units:
+            self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), self.max_offset)
+
     def prepare(self, count: int) -> None:
         """Create and reserve disk for the next ``count`` units, so appending them cannot fail half-way."""
         if self.room_for(count):

@@ -64,8 +64,9 @@ _OFFSET = struct.Struct(">q")
 _HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
-# A put that passed validation: topic, queue id, the topic's layout, body, record tail, tag hash.
-_Validated = tuple[str, int, RecordLayout, bytes, bytes, int]
+# A batched put that passed validation: topic, queue id, the topic's layout, body, record tail, tag hash,
+# record size and body CRC.
+_Batched = tuple[str, int, RecordLayout, bytes, bytes, int, int, int]
 # How long a disk-usage look stays good: statvfs on every put would cost more than the put.
 _DISK_CHECK_INTERVAL_MS = 200
 
@@ -484,7 +485,8 @@ class LocalMessageStore:
     def put_messages(self, requests: Iterable[PutRequest]) -> list[PutResult]:
         """Append a batch atomically with respect to validation and the disk guard: all or nothing."""
         layouts, max_queues, max_size = self._layouts, self._max_queues, self._max_message_size
-        batch: list[_Validated] = []
+        batch: list[_Batched] = []
+        total = 0
         for topic, queue_id, body, keys, tags, properties in requests:
             layout = layouts.get(topic) if type(topic) is str else None
             # As in put_message: the common case inline, anything else through every rule.
@@ -501,10 +503,12 @@ class LocalMessageStore:
                 layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
             else:
                 tail, tag_code = layout.empty_tail, 0
-            batch.append((topic, queue_id, layout, body, tail, tag_code))
+            size = layout.fixed_size + len(body) + len(tail)
+            total += size
+            batch.append((topic, queue_id, layout, body, tail, tag_code, size, zlib.crc32(body) & 0x7FFFFFFF))
         if not batch:
             return []
-        results = self._append_batch(batch)
+        results = self._append_batch(batch, total)
         if self._sync_flusher is not None:
             last = results[-1]
             self._sync_flusher.wait_durable(last.commitlog_offset + last.size)
@@ -592,11 +596,8 @@ class LocalMessageStore:
             self._unit_count += 1
         return PutResult(topic, queue_id, queue_offset, offset, size, store_timestamp)
 
-    def _append_batch(self, batch: list[_Validated]) -> list[PutResult]:
-        """Write validated records and their units under one put lock, reserving room once for all of them."""
-        sizes = [layout.fixed_size + len(body) + len(tail) for _, _, layout, body, tail, _ in batch]
-        crcs = [zlib.crc32(body) & 0x7FFFFFFF for _, _, _, body, _, _ in batch]
-        total = sum(sizes)
+    def _append_batch(self, batch: list[_Batched], total: int) -> list[PutResult]:
+        """Write validated records of ``total`` bytes and their units under one put lock, reserving room once."""
         now = int(time.time() * 1000)
         log_ = self._commit_log
         with self._put_lock:
@@ -605,9 +606,7 @@ class LocalMessageStore:
             if self._disk_cap is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
                 self._check_disk(total + UNIT_SIZE * len(batch), now)
             queues = self._queues
-            targets = [
-                queues.get((topic, queue_id)) or self._queue(topic, queue_id) for topic, queue_id, _, _, _, _ in batch
-            ]
+            targets = [queues.get((item[0], item[1])) or self._queue(item[0], item[1]) for item in batch]
             per_queue = Counter(targets)
             offset = log_.write_offset
             contiguous = (
@@ -615,21 +614,20 @@ class LocalMessageStore:
                 and offset + total <= log_.tail_limit
                 and all(queue.room_for(count) for queue, count in per_queue.items())
             )
-            positions = None if contiguous else self._make_room(sizes, per_queue)
+            positions = None if contiguous else self._make_room([item[6] for item in batch], per_queue)
             store_timestamp = self._last_store_timestamp
             if now > store_timestamp:
                 store_timestamp = self._last_store_timestamp = now
-            next_offsets = {queue: queue.max_offset for queue in per_queue}
+            units: dict[ConsumeQueue, list[tuple[int, int, int]]] = {queue: [] for queue in per_queue}
             results: list[PutResult] = []
             parts: list[bytes] = []
             record_offset = offset
-            for (topic, queue_id, layout, body, tail, _), queue, size, crc in zip(
-                batch, targets, sizes, crcs, strict=True
-            ):
+            for (topic, queue_id, layout, body, tail, tag_code, size, crc), queue in zip(batch, targets, strict=True):
                 if positions is not None:
                     record_offset = positions[len(results)]
-                queue_offset = next_offsets[queue]
-                next_offsets[queue] = queue_offset + 1
+                queue_units = units[queue]
+                queue_offset = queue.max_offset + len(queue_units)
+                queue_units.append((record_offset, size, tag_code))
                 header = layout.fixed.pack(
                     size, layout.magic, crc, queue_id, 0, queue_offset, record_offset, layout.sysflag, now,
                     layout.born_raw, store_timestamp, layout.store_raw, 0, 0, len(body),
@@ -646,8 +644,8 @@ class LocalMessageStore:
             end = results[-1].commitlog_offset + results[-1].size
             # As in _append: records are published before the units that point at them.
             log_.write_offset = end
-            for queue, (_, _, _, record_offset, size, _), item in zip(targets, results, batch, strict=True):
-                queue.append_unit(record_offset, size, item[5])
+            for queue, queue_units in units.items():
+                queue.append_units(queue_units)
             self._dispatched_offset = end
             self._unit_count += len(batch)
         return results
