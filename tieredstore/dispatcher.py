@@ -444,6 +444,8 @@ class Dispatcher:
         started: list[asyncio.Task[None]] = []
         for (topic, queue_id), view in snapshot.items():
             known = (topic, queue_id) in self._queues and self._queues[(topic, queue_id)].flat_file is not None
+            if not self._serves((topic, queue_id)):
+                continue  # released or lost since the snapshot
             state = await self._opened_state(topic, queue_id)
             if state is None:
                 continue
@@ -639,7 +641,9 @@ class Dispatcher:
         return state
 
     async def _opened_state(self, topic: str, queue_id: int) -> _QueueState | None:
-        """The queue's state, or None when its cold queue cannot be opened now (backing off, or failed)."""
+        """The queue's state, or None when its cold queue cannot be opened now (backing off, failed, not leased)."""
+        if not self._serves((topic, queue_id)):
+            return None
         state = self._queues.get((topic, queue_id))
         if state is not None and state.flat_file is None and state.retry_at > time.monotonic():
             return None
@@ -652,8 +656,6 @@ class Dispatcher:
     async def _open_queue(self, state: _QueueState) -> None:
         """Load the cold queue; on first sight create it at the ``start_from`` offset."""
         topic, queue_id = state.topic, state.queue_id
-        if not self._serves((topic, queue_id)):
-            raise LeaseLostError(f"queue {topic}/{queue_id} is not leased to this archiver")
         try:
             state.flat_file = self.flat.get(topic, queue_id)
         except NotFoundError:
@@ -704,7 +706,8 @@ class Dispatcher:
             if state is not None:
                 self._lose_queue(state, LeaseLostError(f"the lease of {key[0]}/{key[1]} was taken over"), phase="renew")
         if changes.acquired or changes.lost or changes.surplus:
-            log.info(
+            # Losing a lease (a takeover while this process was cut off or paused) is worth a warning.
+            (log.warning if changes.lost else log.info)(
                 "leases changed",
                 owner=leases.owner,
                 acquired=len(changes.acquired),
