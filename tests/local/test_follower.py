@@ -244,6 +244,10 @@ def test_follower_follows_retention_and_never_crashes_on_a_vanished_file(tmp_pat
             writer.put_message("a", 0, b"after retention")
             assert follower.get_message("a", 0, 100).body == b"after retention"
             assert follower.offset_for_timestamp("a", 0, 0) == new_min
+        # A follower that starts after retention skips the units whose records are gone.
+        with HotStoreFollower(tmp_path, config=config) as late:
+            assert (late.min_offset("a", 0), late.max_offset("a", 0)) == (new_min, 101)
+            assert late.get_message("a", 0, 100).body == b"after retention"
 
 
 def test_follower_writes_nothing_takes_no_lock_and_refuses_every_write(tmp_path: Path) -> None:

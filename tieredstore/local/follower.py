@@ -242,10 +242,12 @@ class _FollowedQueue:
             return
         first = self.files[0]
         if self.max_offset <= self.min_offset:
-            # Nothing checked yet: the first unit may be anywhere in the first file (a rebased queue).
+            # Nothing checked yet: the first unit may be anywhere in the first file (a rebased queue),
+            # and the units before the commit log's first file point at data retention deleted.
             data = first.buffer[: first.size - first.size % UNIT_SIZE]
             leading_zeros = len(data) - len(data.lstrip(b"\x00"))
-            self.min_offset = self.max_offset = (first.start_offset + leading_zeros) // UNIT_SIZE
+            self.min_offset = (first.start_offset + leading_zeros) // UNIT_SIZE
+            self.min_offset = self.max_offset = self._first_written_at_or_after(log_min_offset)
             return
         self.min_offset = max(self.min_offset, first.start_offset // UNIT_SIZE)
         self.min_offset = min(self._lower_bound(log_min_offset), self.max_offset)
@@ -257,6 +259,19 @@ class _FollowedQueue:
             middle = (low + high) // 2
             unit = self.raw_unit(middle)
             if unit is None or unit[0] < commitlog_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def _first_written_at_or_after(self, commitlog_offset: int) -> int:
+        """From min_offset, the first slot that is unwritten or points at or after ``commitlog_offset``."""
+        low, high = self.min_offset, max(self.min_offset, self.files[-1].end_offset // UNIT_SIZE)
+        while low < high:
+            middle = (low + high) // 2
+            unit = self.raw_unit(middle)
+            # Written units ascend in commit-log offset and unwritten (zero) slots only follow them.
+            if unit is not None and unit[1] != 0 and unit[0] < commitlog_offset:
                 low = middle + 1
             else:
                 high = middle
@@ -444,6 +459,10 @@ class HotStoreFollower(LocalMessageStore):
                 # The end for now. A file the writer's recovery replaced is mapped again by the
                 # queue's next refresh, so an idle queue costs no system call here.
                 return
+            if unit[0] < self._log.min_offset and offset == queue.min_offset:
+                # Retention deleted the record after this follower last looked: it is below the min now.
+                queue.min_offset = queue.max_offset = offset + 1
+                continue
             raw = self._log.read(unit[0], unit[1])
             if raw is None or record_problem(raw, unit, queue.topic_raw, queue.queue_id, offset) is not None:
                 if not retried and (raw is None or self._log.holder_replaced(unit[0])):
