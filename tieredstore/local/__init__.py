@@ -2,6 +2,7 @@
 
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
+from tieredstore.local.follower import HotStoreFollower, writer_lock_held
 from tieredstore.local.store import (
     LocalMessageStore,
     PutRequest,
@@ -13,6 +14,7 @@ from tieredstore.local.store import (
 
 __all__ = [
     "FlushStats",
+    "HotStoreFollower",
     "LocalMessageStore",
     "LocalStoreConfig",
     "PutRequest",
@@ -20,4 +22,5 @@ __all__ = [
     "RecoveryReport",
     "RetentionReport",
     "StoredMessage",
+    "writer_lock_held",
 ]
