@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, cast
@@ -28,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 import aiohttp
 import botocore.exceptions
 from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
+from aiobotocore.session import AioSession, get_session
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
 
@@ -103,6 +104,19 @@ _OPTION_QUERY_KEYS = frozenset(
 _CREDENTIAL_QUERY_KEYS = frozenset(
     {"access_key_id", "secret_access_key", "session_token", "aws_access_key_id", "aws_secret_access_key"}
 )
+
+
+_SESSIONS = threading.local()
+
+
+def _thread_session() -> AioSession:
+    """One botocore session per thread: loading S3's service model costs ~180 ms, so a Spark task or a
+    restarted provider reuses it; botocore does not promise a session is safe across threads."""
+    session: AioSession | None = getattr(_SESSIONS, "session", None)
+    if session is None:
+        session = get_session()
+        _SESSIONS.session = session
+    return session
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +437,7 @@ class S3Provider(ChunkedProvider):
             retries={"total_max_attempts": 1, "mode": "standard"},
             s3={"addressing_style": options.addressing_style},
         )
-        return get_session().create_client(
+        return _thread_session().create_client(
             "s3",
             endpoint_url=options.endpoint_url,
             region_name=options.region,
