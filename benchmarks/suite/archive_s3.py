@@ -172,8 +172,8 @@ class S3Sides:
     ),
 )
 def archive_s3(ctx: BenchmarkContext) -> None:
-    messages = ctx.scale(full=FULL_MESSAGES, quick=8_000)
-    naive_messages = min(messages, ctx.scale(full=NAIVE_MESSAGES, quick=500))
+    messages = ctx.scale(full=FULL_MESSAGES, quick=4_000)
+    naive_messages = min(messages, ctx.scale(full=NAIVE_MESSAGES, quick=200))
     hot = fill_hot_store(ctx.work_dir / "source", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
     version = subprocess.run([rclone_binary(), "version"], capture_output=True, text=True, check=True)
     ctx.parameter(

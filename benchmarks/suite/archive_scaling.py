@@ -132,7 +132,7 @@ def _curves(
     ),
 )
 def archive_scaling(ctx: BenchmarkContext) -> None:
-    bytes_per_point = ctx.scale(full=32 << 20, quick=1 << 20)
+    bytes_per_point = ctx.scale(full=32 << 20, quick=512 << 10)
     body_sizes = BODY_SIZES if not ctx.quick else (128, 8192)
     queue_counts = QUEUE_COUNTS if not ctx.quick else (1, 64)
     ctx.parameter(

@@ -67,7 +67,7 @@ def _commit_log_objects(client: Any, bucket: str) -> list[RangedGet]:
     ),
 )
 def cold_read_s3(ctx: BenchmarkContext) -> None:
-    messages = ctx.scale(full=FULL_MESSAGES, quick=8_000)
+    messages = ctx.scale(full=FULL_MESSAGES, quick=3_000)
     with MotoServer(ctx.work_dir / "moto") as s3:
         bucket = s3.create_bucket("cold-read")
         hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
