@@ -143,12 +143,33 @@ def archived_range(flat_file: FlatMessageFile) -> tuple[int, int]:
     return min(flat_file.min_offset, archived), archived
 
 
+def lost_range_at(flat_file: FlatMessageFile, queue_offset: int) -> tuple[int, int] | None:
+    """The [start, end) offsets recorded as lost (never archived) that hold ``queue_offset``, if any.
+
+    A reader jumps to ``end``: the first archived offset after the hole.
+    """
+    for start, end in flat_file.lost_ranges:
+        if start <= queue_offset < end:
+            return start, end
+    return None
+
+
 async def read_archived(flat_file: FlatMessageFile, queue_offset: int, count: int) -> list[bytes]:
-    """Up to ``count`` archived records from ``queue_offset`` (never past the archived offset)."""
+    """Up to ``count`` consecutive archived records from ``queue_offset`` (never past the archived offset).
+
+    A read stops where offsets recorded as lost begin; one starting inside them is NotFoundError
+    (``lost_range_at`` says where the hole ends).
+    """
     low, high = archived_range(flat_file)
     if queue_offset < low:
         raise NotFoundError(
             f"offset {queue_offset} of {flat_file.topic}/{flat_file.queue_id} is below the cold min offset {low}"
+        )
+    lost = lost_range_at(flat_file, queue_offset)
+    if lost is not None:
+        raise NotFoundError(
+            f"offsets [{lost[0]}, {lost[1]}) of {flat_file.topic}/{flat_file.queue_id} were lost before they were "
+            f"archived; the next archived offset is {lost[1]}"
         )
     count = min(count, high - queue_offset)
     if count <= 0:

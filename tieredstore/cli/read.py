@@ -2,6 +2,10 @@
 
 ``--tier auto`` serves each offset from the hot store while it holds it and from cold storage
 otherwise, the way a consumer would see the queue; ``hot`` and ``cold`` read one tier only.
+
+Offsets the hot store lost before they were archived (a recorded hole in the cold consume queue)
+are stepped over: the message after them carries ``lost_before`` = [start, end) (a JSON field on
+every message, null when nothing was skipped), and text output prints a line saying so.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tieredstore.cli.common import (
     checked_topic,
     decode_message,
     iso,
+    lost_range_at,
     message_fields,
     open_read_node,
     parse_time,
@@ -46,11 +51,27 @@ MAX_TIMESTAMP = (1 << 63) - 1
 
 @dataclass(frozen=True, slots=True)
 class ReadMessage:
-    """One message as read: which tier served it, its record bytes and the decoded record."""
+    """One message as read: which tier served it, its record bytes and the decoded record.
+
+    ``lost_before`` is the [start, end) of offsets recorded as lost that the read stepped over to
+    reach this message (None when it follows on).
+    """
 
     tier: Tier
     raw: bytes
     record: MessageRecord
+    lost_before: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """Messages read in offset order and the offset to read from next (past any hole stepped over)."""
+
+    messages: list[ReadMessage]
+    next_offset: int
+
+    def __len__(self) -> int:
+        return len(self.messages)
 
 
 class QueueReader:
@@ -92,14 +113,18 @@ class QueueReader:
             return end, end
         return min(low for low, _ in held), max(high for _, high in held)
 
-    async def read(self, offset: int, count: int, tier: TierChoice) -> list[ReadMessage]:
-        """Up to ``count`` consecutive messages from ``offset``; NotFoundError below the chosen tiers' min."""
+    async def read(self, offset: int, count: int, tier: TierChoice) -> ReadBatch:
+        """Up to ``count`` messages from ``offset``, stepping over offsets recorded as lost.
+
+        NotFoundError below the chosen tiers' min offset.
+        """
         low, _ = self.bounds(tier)
         if offset < low:
             raise NotFoundError(
                 f"offset {offset} of {self.topic}/{self.queue_id} is below the min offset {low} ({tier})"
             )
         out: list[ReadMessage] = []
+        lost: tuple[int, int] | None = None
         while len(out) < count:
             want = count - len(out)
             hot_low, hot_high = self.hot_range
@@ -108,6 +133,15 @@ class QueueReader:
                 raws = await asyncio.to_thread(self._read_hot, offset, min(want, hot_high - offset))
                 source: Tier = "hot"
             elif tier != "hot" and self.cold is not None and cold_low <= offset < cold_high:
+                hole = lost_range_at(self.cold, offset)
+                if hole is not None:
+                    # Never archived: go on at the first offset after the hole that some chosen tier holds.
+                    resume = hole[1]
+                    if tier == "auto" and offset < hot_low < resume:
+                        resume = hot_low
+                    lost = (lost[0] if lost is not None else offset, resume)
+                    offset = resume
+                    continue
                 raws = await read_archived(self.cold, offset, min(want, cold_high - offset))
                 source = "cold"
             else:
@@ -116,9 +150,10 @@ class QueueReader:
                 break
             for raw in raws:
                 where = f"{source} {self.topic}/{self.queue_id}@{offset}"
-                out.append(ReadMessage(source, raw, decode_message(raw, where=where)))
+                out.append(ReadMessage(source, raw, decode_message(raw, where=where), lost))
+                lost = None
                 offset += 1
-        return out
+        return ReadBatch(out, offset if lost is None else lost[0])
 
     def _read_hot(self, offset: int, count: int) -> list[bytes]:
         assert self.node.hot is not None
@@ -165,16 +200,35 @@ def _resolve_format(cli: CliState, chosen: MessageFormat | None) -> MessageForma
     return "json" if cli.output.is_json else "text"
 
 
+def lost_line(topic: str, queue_id: int, lost: tuple[int, int]) -> str:
+    return (
+        f"{topic}/{queue_id}: offsets [{lost[0]}, {lost[1]}) were lost before they were archived "
+        f"({lost[1] - lost[0]} messages); skipped"
+    )
+
+
 def print_messages(cli: CliState, messages: Sequence[ReadMessage], fmt: MessageFormat) -> None:
-    """text: one line each; json: one object per line (README "JSON output"); raw: the record bytes."""
+    """text: one line each; json: one object per line (README "JSON output"); raw: the record bytes.
+
+    A hole stepped over is a line of its own in text, ``lost_before`` in JSON, a note on stderr in raw.
+    """
     for message in messages:
+        lost = message.lost_before
         if fmt == "raw":
+            if lost is not None:
+                sys.stdout.buffer.flush()
+                cli.output.note(lost_line(message.record.topic, message.record.queue_id, lost))
             sys.stdout.buffer.write(message.raw)
             continue
         fields = message_fields(message.record, tier=message.tier, size=len(message.raw))
         if fmt == "json":
+            fields["lost_before"] = None if lost is None else {"from_offset": lost[0], "to_offset": lost[1]}
             cli.output.json(fields)
             continue
+        if lost is not None:
+            cli.output.console.print(
+                lost_line(fields["topic"], fields["queue_id"], lost), markup=False, highlight=False, soft_wrap=True
+            )
         body = fields["body"] if fields["body_encoding"] == "utf-8" else f"base64:{fields['body']}"
         keys = ",".join(fields["keys"]) or "-"
         line = (
@@ -226,9 +280,9 @@ def read(
                 batch = await reader.read(position, min(remaining, BATCH), tier)
                 if not batch:
                     break
-                print_messages(cli, batch, chosen)
+                print_messages(cli, batch.messages, chosen)
                 remaining -= len(batch)
-                position += len(batch)
+                position = batch.next_offset
 
     run(go())
 
@@ -263,8 +317,8 @@ def tail(
                 batch = await reader.read(position, min(BATCH, high - position), tier)
                 if not batch:
                     break
-                print_messages(cli, batch, chosen)
-                position += len(batch)
+                print_messages(cli, batch.messages, chosen)
+                position = batch.next_offset
             return position
 
     position = run(print_from(None))
@@ -353,8 +407,8 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
                     return []
                 flat_file = queues[queue_id] = reader.cold
             low, high = archived_range(flat_file)
-            if not low <= queue_offset < high:
-                return []  # expired since it was indexed
+            if not low <= queue_offset < high or lost_range_at(flat_file, queue_offset) is not None:
+                return []  # expired since it was indexed (a lost offset was never indexed)
             raws = await read_archived(flat_file, queue_offset, 1)
             if not raws:
                 return []

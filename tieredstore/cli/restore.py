@@ -10,6 +10,13 @@ offset its progress file names (bytes written after it are cut first). Re-runnin
 interruption therefore continues and never writes a message twice. Memory is bounded: one batch
 (``batch_messages`` / ``batch_bytes``) is written while the next one is read.
 
+Offsets the hot store lost before they were archived (a recorded hole in the cold consume queue)
+were never archived, and a restore keeps every other record at its original offset. Into a
+directory the hole is skipped (its progress moves past it) and reported. A hot store cannot hold a
+gap in a queue's offsets, so a restore into one stops at the first hole, having restored everything
+before it, reports where and why, and exits 3; the records after the hole go into another (empty)
+hot store with ``--from-offset`` at the hole's end, or into a directory.
+
 Programmatic use (benchmarks): ``restore_archive(node, request, sink)`` with a ``ReadNode`` from
 ``open_read_node`` and a ``HotStoreSink`` or ``DirectorySink``.
 """
@@ -88,7 +95,11 @@ class RestoreRequest:
 
 @dataclass(slots=True)
 class QueueOutcome:
-    """One queue: the requested range [first, end), where the run began and what it wrote."""
+    """One queue: the requested range [first, end), where the run began and what it wrote.
+
+    ``lost`` lists the [start, end) offsets in [resumed_at, end) that were never archived;
+    ``stopped_at`` is set when the target cannot hold such a gap and the run stops at the first one.
+    """
 
     topic: str
     queue_id: int
@@ -97,10 +108,28 @@ class QueueOutcome:
     resumed_at: int
     restored: int = 0
     bytes: int = 0
+    lost: list[tuple[int, int]] = field(default_factory=list)
+    stopped_at: int | None = None
 
     @property
     def already_done(self) -> int:
         return self.resumed_at - self.first
+
+    @property
+    def lost_count(self) -> int:
+        return sum(end - start for start, end in self.lost)
+
+    @property
+    def remaining(self) -> int:
+        """Archived messages in [resumed_at, end) that this run has not restored (or will not)."""
+        return self.end - self.resumed_at - self.lost_count - self.restored
+
+    @property
+    def planned(self) -> int:
+        """Archived messages this run restores: up to the end, or to where it stops."""
+        stop = self.end if self.stopped_at is None else self.stopped_at
+        lost_before_stop = sum(min(end, stop) - start for start, end in self.lost if start < stop)
+        return stop - self.resumed_at - lost_before_stop
 
 
 @dataclass(slots=True)
@@ -130,20 +159,31 @@ class RestoreSummary:
             "seconds": round(self.seconds, 3),
             "messages_per_second": round(rate, 1),
             "queues": [
-                {**asdict(q), "already_done": q.already_done, "remaining": q.end - q.resumed_at - q.restored}
+                {
+                    **{k: v for k, v in asdict(q).items() if k != "lost"},
+                    "already_done": q.already_done,
+                    "remaining": q.remaining,
+                    "lost_ranges": [[start, end] for start, end in q.lost],
+                }
                 for q in self.queues
             ],
         }
 
 
 class RestoreSink(Protocol):
-    """Where restored records go; ``resume_offset`` must come from durable state, not memory."""
+    """Where restored records go; ``resume_offset`` must come from durable state, not memory.
+
+    ``holds_gaps``: whether a queue there may skip offsets (``skip_to``) and go on after them.
+    """
 
     description: str
+    holds_gaps: bool
 
     def resume_offset(self, topic: str, queue_id: int, first: int, end: int) -> int: ...
 
     def write(self, topic: str, queue_id: int, records: list[bytes]) -> None: ...
+
+    def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None: ...
 
     def finish_queue(self, topic: str, queue_id: int) -> None: ...
 
@@ -151,7 +191,9 @@ class RestoreSink(Protocol):
 
 
 class HotStoreSink:
-    """Restores into a hot store directory at the records' own queue offsets."""
+    """Restores into a hot store directory at the records' own queue offsets; a queue there has no gaps."""
+
+    holds_gaps = False
 
     def __init__(self, directory: Path, node: ReadNode, *, dry_run: bool = False) -> None:
         self.description = f"hot store {directory}"
@@ -177,6 +219,11 @@ class HotStoreSink:
         assert self.store is not None
         self.store.restore_messages(topic, queue_id, records)
 
+    def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None:
+        raise ValidationError(
+            f"hot queue {topic}/{queue_id} cannot skip to offset {queue_offset}: a hot store holds no gaps"
+        )
+
     def finish_queue(self, topic: str, queue_id: int) -> None:
         if self.store is not None and not self.store.read_only:
             self.store.flush()
@@ -187,7 +234,12 @@ class HotStoreSink:
 
 
 class DirectorySink:
-    """Exports each queue to ``<dir>/<topic>/<queue_id>.<format>`` with a ``.progress`` file beside it."""
+    """Exports each queue to ``<dir>/<topic>/<queue_id>.<format>`` with a ``.progress`` file beside it.
+
+    Each record carries its own queue offset, so a file may skip offsets that were never archived.
+    """
+
+    holds_gaps = True
 
     def __init__(self, directory: Path, fmt: ExportFormat, *, dry_run: bool = False) -> None:
         self.description = f"{fmt} files in {directory}"
@@ -246,6 +298,11 @@ class DirectorySink:
         self._next[(topic, queue_id)] += len(records)
         self._save_progress(topic, queue_id)
 
+    def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None:
+        """Record that the file goes on at ``queue_offset`` (the offsets before it were never archived)."""
+        self._next[(topic, queue_id)] = queue_offset
+        self._save_progress(topic, queue_id)
+
     def _save_progress(self, topic: str, queue_id: int) -> None:
         handle = self._handles[(topic, queue_id)]
         handle.flush()
@@ -287,6 +344,8 @@ async def _queue_range(node: ReadNode, flat_file: FlatMessageFile, request: Rest
             first = await reader.offset_for_time(request.since, BoundaryType.LOWER, "cold")
         if request.until is not None:
             end = await reader.offset_for_time(request.until + 1, BoundaryType.LOWER, "cold")
+    # A range starting inside a hole starts at the first archived offset after it.
+    first = min(flat_file.next_archived_offset(first), max(first, end))
     return first, max(first, end)
 
 
@@ -342,6 +401,13 @@ async def restore_archive(
         first, end = await _queue_range(node, flat_file, request)
         resumed = await asyncio.to_thread(sink.resume_offset, position.topic, position.queue_id, first, end)
         outcome = QueueOutcome(position.topic, position.queue_id, first, end, resumed)
+        outcome.lost = [
+            (max(start, resumed), min(stop, end))
+            for start, stop in flat_file.lost_ranges
+            if start < end and stop > resumed
+        ]
+        if outcome.lost and not sink.holds_gaps:
+            outcome.stopped_at = outcome.lost[0][0]
         summary.queues.append(outcome)
         work.append((flat_file, outcome))
     if on_plan is not None:
@@ -360,14 +426,30 @@ async def _restore_queue(
     sink: RestoreSink,
     on_progress: Callable[[QueueOutcome, int], None] | None,
 ) -> None:
-    offset, end = outcome.resumed_at, outcome.end
-    pending = asyncio.create_task(_read_batch(flat_file, offset, end, request)) if offset < end else None
+    offset = outcome.resumed_at
+    end = outcome.end if outcome.stopped_at is None else outcome.stopped_at
+
+    def readable(at: int) -> bool:
+        return at < end and flat_file.next_archived_offset(at) == at
+
+    def read_from(at: int) -> asyncio.Task[list[bytes]] | None:
+        return asyncio.create_task(_read_batch(flat_file, at, end, request)) if readable(at) else None
+
+    pending = read_from(offset)
     try:
-        while pending is not None:
+        while True:
+            if pending is None:
+                if offset >= end:
+                    break
+                # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).
+                offset = min(flat_file.next_archived_offset(offset), end)
+                await asyncio.to_thread(sink.skip_to, outcome.topic, outcome.queue_id, offset)
+                pending = read_from(offset)
+                continue
             records = await pending
             following = offset + len(records)
             # Read the next batch while this one is written: storage latency and local writes overlap.
-            pending = asyncio.create_task(_read_batch(flat_file, following, end, request)) if following < end else None
+            pending = read_from(following)
             await asyncio.to_thread(sink.write, outcome.topic, outcome.queue_id, records)
             outcome.restored += len(records)
             outcome.bytes += sum(len(r) for r in records)
@@ -378,6 +460,26 @@ async def _restore_queue(
         if pending is not None:
             pending.cancel()
     await asyncio.to_thread(sink.finish_queue, outcome.topic, outcome.queue_id)
+
+
+def _lost_notes(summary: RestoreSummary) -> list[str]:
+    """One line per hole met and per queue stopped at one, for people."""
+    notes = []
+    for queue in summary.queues:
+        name = f"{queue.topic}/{queue.queue_id}"
+        for start, end in queue.lost:
+            if queue.stopped_at is not None and start > queue.stopped_at:
+                continue
+            verb = "skipped" if queue.stopped_at is None else "not restored"
+            notes.append(f"{name}: offsets [{start}, {end}) were lost before they were archived; {verb}")
+        if queue.stopped_at is not None:
+            after = queue.lost[0][1]
+            notes.append(
+                f"{name}: stopped at offset {queue.stopped_at}: a hot store cannot hold a gap in a queue's offsets; "
+                f"{queue.remaining} archived messages after it were not restored (restore them with "
+                f"--from-offset {after} into an empty hot store, or with --to-dir)"
+            )
+    return notes
 
 
 # ---- the command ------------------------------------------------------------------------------------
@@ -470,7 +572,7 @@ def restore(
                     tasks: list[TaskID] = []
 
                     def planned(queues: list[QueueOutcome]) -> None:
-                        total = sum(q.end - q.resumed_at for q in queues)
+                        total = sum(q.planned for q in queues)
                         tasks.append(bar.add_task(f"restore {topic}", total=total))
 
                     def advanced(_queue: QueueOutcome, count: int) -> None:
@@ -485,15 +587,24 @@ def restore(
     summary = run(go())
     if cli.output.is_json:
         cli.output.json(summary.as_json())
-        return
-    rows = summary.as_json()["queues"]
-    cli.output.table(
-        "restore plan" if dry_run else "restored",
-        ("topic", "queue_id", "first", "end", "already_done", "restored", "remaining", "bytes"),
-        rows,
-    )
-    totals = summary.as_json()
-    cli.output.record(
-        "dry run: nothing was written" if dry_run else "summary",
-        {k: totals[k] for k in ("target", "messages", "bytes", "seconds", "messages_per_second")},
-    )
+    else:
+        rows = summary.as_json()["queues"]
+        cli.output.table(
+            "restore plan" if dry_run else "restored",
+            ("topic", "queue_id", "first", "end", "already_done", "restored", "remaining", "bytes"),
+            rows,
+        )
+        totals = summary.as_json()
+        cli.output.record(
+            "dry run: nothing was written" if dry_run else "summary",
+            {k: totals[k] for k in ("target", "messages", "bytes", "seconds", "messages_per_second")},
+        )
+    for note in _lost_notes(summary):
+        cli.output.note(note)
+    stopped = [q for q in summary.queues if q.stopped_at is not None]
+    if stopped:
+        where = ", ".join(f"{q.topic}/{q.queue_id} at {q.stopped_at}" for q in stopped)
+        raise NotFoundError(
+            f"{'the restore would stop' if dry_run else 'restore stopped'} where offsets were lost before they "
+            f"were archived ({where}); everything before was {'to be ' if dry_run else ''}restored, see above"
+        )

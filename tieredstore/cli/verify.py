@@ -8,6 +8,12 @@ consume-queue units tile the commit log contiguously up to its end (the checker'
 COMMIT_LOG_GAP, COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking
 its CRC, size, queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``).
 
+Offsets the hot store lost before they were archived are a recorded hole in the consume queue
+(``FlatMessageFile.skip_to``): a SEALED segment ending before the next one's base. That is not a
+SEGMENT_GAP; the walk steps over it (``archived_runs``) and the commit log must run on unbroken
+across it, or the hole lost archived messages (UNRECORDED_GAP). A gap after a segment that was never
+sealed, and any gap in the commit log, is still a SEGMENT_GAP.
+
 The last segment of a file may hold bytes beyond its row while the archiver is between a commit
 and its metadata update; that is a note (recovery settles it), not a problem.
 """
@@ -138,7 +144,7 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
         return
     try:
         if report.deep:
-            low, high = archived_range(flat_file)
+            held = sum(end - start for start, end in _runs_to_walk(flat_file))
             for found in await check_queue_invariant(flat_file):
                 problem(
                     found.kind.value,
@@ -146,11 +152,11 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
                     queue_offset=found.queue_offset,
                     commitlog_offset=found.commitlog_offset,
                 )
-            report.records += high - low
-            report.units += high - low
+            report.records += held
+            report.units += held
         else:
             await _walk_units(flat_file, report, problem)
-    except (SegmentNotFoundError, CorruptRecordError) as error:
+    except (SegmentNotFoundError, CorruptRecordError, NotFoundError) as error:
         problem("READ_FAILED", str(error))
 
 
@@ -195,7 +201,10 @@ async def _check_objects(
 def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: Any) -> None:
     for previous, current in itertools.pairwise(records):
         end = previous.base_offset + previous.size
-        if current.base_offset != end:
+        recorded_hole = (
+            kind is FileType.CONSUME_QUEUE and previous.status is SegmentStatus.SEALED and current.base_offset > end
+        )
+        if current.base_offset != end and not recorded_hole:
             what = "gap" if current.base_offset > end else "overlap"
             problem(
                 "SEGMENT_GAP",
@@ -228,45 +237,67 @@ def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], pro
         )
 
 
-async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: Any) -> None:
-    """Units tile the commit log: each starts where the previous record ended, the last ends at its end."""
+def _runs_to_walk(flat_file: FlatMessageFile) -> list[tuple[int, int]]:
+    """The archived runs of queue offsets, clipped to what is readable as recorded."""
     low, high = archived_range(flat_file)
+    clipped = [(max(start, low), min(end, high)) for start, end in flat_file.archived_runs]
+    return [(start, end) for start, end in clipped if start < end]
+
+
+async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: Any) -> None:
+    """Units tile the commit log: each starts where the previous record ended, the last ends at its end.
+
+    Recorded holes are stepped over; the first unit after one must still follow the last before it.
+    """
     commit_log = flat_file.commit_log
     expected: int | None = None
-    offset = low
-    while offset < high:
-        wanted = min(UNIT_BATCH, high - offset)
-        units = await flat_file.read_units(offset, wanted)
-        report.units += len(units)
-        for index, unit in enumerate(units):
-            queue_offset = offset + index
-            if expected is None and unit.commitlog_offset < commit_log.min_offset:
+    previous_end: int | None = None
+    for run_start, run_end in _runs_to_walk(flat_file):
+        offset = run_start
+        while offset < run_end:
+            wanted = min(UNIT_BATCH, run_end - offset)
+            units = await flat_file.read_units(offset, wanted)
+            report.units += len(units)
+            for index, unit in enumerate(units):
+                queue_offset = offset + index
+                if expected is None and unit.commitlog_offset < commit_log.min_offset:
+                    problem(
+                        "COMMIT_LOG_MISSING",
+                        f"the first unit points below the commit log's min offset {commit_log.min_offset}",
+                        queue_offset=queue_offset,
+                        commitlog_offset=unit.commitlog_offset,
+                    )
+                elif expected is not None and queue_offset == run_start and unit.commitlog_offset > expected:
+                    problem(
+                        "UNRECORDED_GAP",
+                        f"queue offsets [{previous_end}, {run_start}) are missing from the consume queue but "
+                        f"{unit.commitlog_offset - expected} commit-log bytes were archived for them",
+                        queue_offset=queue_offset,
+                        commitlog_offset=expected,
+                    )
+                elif expected is not None and unit.commitlog_offset != expected:
+                    kind = "COMMIT_LOG_GAP" if unit.commitlog_offset > expected else "COMMIT_LOG_OVERLAP"
+                    problem(
+                        kind,
+                        f"the unit starts at {unit.commitlog_offset}, the previous record ends at {expected}",
+                        queue_offset=queue_offset,
+                        commitlog_offset=unit.commitlog_offset,
+                    )
+                if unit.size < MIN_RECORD_SIZE:
+                    problem(
+                        "SIZE_MISMATCH",
+                        f"a unit of {unit.size} bytes is shorter than any record",
+                        queue_offset=queue_offset,
+                        commitlog_offset=unit.commitlog_offset,
+                    )
+                expected = unit.commitlog_offset + unit.size
+            if len(units) < wanted:
                 problem(
-                    "COMMIT_LOG_MISSING",
-                    f"the first unit points below the commit log's min offset {commit_log.min_offset}",
-                    queue_offset=queue_offset,
-                    commitlog_offset=unit.commitlog_offset,
+                    "UNIT_UNREADABLE", f"{wanted - len(units)} archived units are not readable", queue_offset=offset
                 )
-            elif expected is not None and unit.commitlog_offset != expected:
-                kind = "COMMIT_LOG_GAP" if unit.commitlog_offset > expected else "COMMIT_LOG_OVERLAP"
-                problem(
-                    kind,
-                    f"the unit starts at {unit.commitlog_offset}, the previous record ends at {expected}",
-                    queue_offset=queue_offset,
-                    commitlog_offset=unit.commitlog_offset,
-                )
-            if unit.size < MIN_RECORD_SIZE:
-                problem(
-                    "SIZE_MISMATCH",
-                    f"a unit of {unit.size} bytes is shorter than any record",
-                    queue_offset=queue_offset,
-                    commitlog_offset=unit.commitlog_offset,
-                )
-            expected = unit.commitlog_offset + unit.size
-        if len(units) < wanted:
-            problem("UNIT_UNREADABLE", f"{wanted - len(units)} archived units are not readable", queue_offset=offset)
-            return
-        offset += wanted
+                return
+            offset += wanted
+        previous_end = run_end
     if expected is None:
         if commit_log.commit_offset > commit_log.min_offset:
             problem(
