@@ -31,6 +31,12 @@ topic, queue and offset, and a corrupt record further ahead does not fail an ear
 after their last access. While the cache holds more than 80% of its bound, misses read only what
 the request needs and add nothing to it. Hits, misses and evictions (by size or by age) are metrics.
 
+**Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
+that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
+may be about to record. Each queue is a read-only view (``FlatFileStore.open_read_only``), refreshed
+from metadata when a read reaches its end, when the max offset is asked for, and once when a segment
+it names is gone (the archiver's retention removed it), so later commits by another process are seen.
+
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
 hash is checked first, then the record's real TAGS, so a hash collision is not a match) and for which
 ``predicate`` holds. Filtered-out messages still advance ``next_begin_offset``; one call scans at most
@@ -57,6 +63,7 @@ from tieredstore.errors import (
     IntegrityError,
     InvalidQueueError,
     NotFoundError,
+    SegmentNotFoundError,
     StorageError,
     ValidationError,
 )
@@ -332,8 +339,9 @@ def physical_memory_bytes() -> int:
 class MessageFetcher:
     """Reads messages for consumers from whichever tier ``read_policy`` picks; see the module docstring.
 
-    ``hot`` may be None (a cold-only reader). Everything runs on one event loop; hot-store reads go
-    through a worker thread because they touch mapped files.
+    ``hot`` may be None (a cold-only reader). ``read_only_cold`` reads cold queues through read-only
+    views instead of ``flat``'s recovered queues (see the module docstring). Everything runs on one
+    event loop; hot-store reads go through a worker thread because they touch mapped files.
     """
 
     def __init__(
@@ -345,9 +353,12 @@ class MessageFetcher:
         metrics: Metrics | None = None,
         hot_in_memory_bytes: int | None = None,
         cache_clock: Callable[[], float] = time.monotonic,
+        read_only_cold: bool = False,
     ) -> None:
         self.hot = hot
         self.flat = flat
+        self.read_only_cold = read_only_cold
+        self._views: dict[tuple[str, int], FlatMessageFile] = {}
         self.settings = settings or ReadSettings()
         self.metrics = metrics or Metrics()
         self.hot_in_memory_bytes = (
@@ -367,13 +378,37 @@ class MessageFetcher:
         """The queue's loaded cold file; None if cold storage does not know the queue.
 
         A queue whose recovery failed is recovered again here (a StorageError if it still fails).
+        With ``read_only_cold`` it is the queue's read-only view, opened on first use.
         """
+        if self.read_only_cold:
+            view = self._views.get((topic, queue_id))
+            if view is None:
+                try:
+                    view = await self.flat.open_read_only(topic, queue_id)
+                except NotFoundError:
+                    return None  # not cached: the archiver may create the queue later
+                self._views[(topic, queue_id)] = view
+            return view
         try:
             return self.flat.get(topic, queue_id)
         except NotFoundError:
             if (topic, queue_id) in self.flat.failed:
                 return await self.flat.get_or_create(topic, queue_id)
             return None
+
+    async def refresh_cold(self, topic: str, queue_id: int) -> bool:
+        """Re-read a read-only view's rows (see what another process committed); False if there is none.
+
+        A queue deleted since (its topic was removed) loses its view, so it reads as unknown.
+        """
+        view = self._views.get((topic, queue_id))
+        if view is None:
+            return False
+        try:
+            await view.refresh()
+        except NotFoundError:
+            del self._views[(topic, queue_id)]
+        return True
 
     async def offsets(self, topic: str, queue_id: int) -> QueueOffsets:
         """The queue's offsets in each tier and over the tiers this policy reads."""
@@ -402,6 +437,8 @@ class MessageFetcher:
         return (await self.offsets(topic, queue_id)).min_offset
 
     async def max_offset(self, topic: str, queue_id: int) -> int:
+        if self.read_only_cold:
+            await self.refresh_cold(topic, queue_id)
         return (await self.offsets(topic, queue_id)).max_offset
 
     # ---- get_messages -------------------------------------------------------------------------------
@@ -419,7 +456,20 @@ class MessageFetcher:
             raise ValidationError(f"offset must be an integer, not {offset!r}")
         if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
             raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
+        try:
+            return await self._get_messages(topic, queue_id, offset, max_count, message_filter)
+        except SegmentNotFoundError:
+            if not (self.read_only_cold and await self.refresh_cold(topic, queue_id)):
+                raise
+            # The archiver's retention removed a segment this view still named: answer from fresh rows.
+            return await self._get_messages(topic, queue_id, offset, max_count, message_filter)
+
+    async def _get_messages(
+        self, topic: str, queue_id: int, offset: int, max_count: int, message_filter: MessageFilter | None
+    ) -> GetMessageResult:
         view = await self.offsets(topic, queue_id)
+        if self.read_only_cold and offset >= view.cold_max and await self.refresh_cold(topic, queue_id):
+            view = await self.offsets(topic, queue_id)  # the read reached the view's end: look for later commits
 
         def result(
             status: GetMessageStatus, next_offset: int, messages: list[FetchedMessage] | None = None

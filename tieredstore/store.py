@@ -10,6 +10,11 @@ runs either in the same process as the facade (pass it ``store.runtime``) or as 
 (``tieredstore run``), which then follows the hot store read-only; the facade, as the hot store's
 writer, deletes archived hot files: ``delete_expired_hot`` or ``hot_retention_interval``.
 
+Opened without its hot store (``hot=False``) the facade is a cold-only reader, usually beside an
+archiver in another process that owns the cold queues: it never recovers them (recovery truncates
+bytes that archiver may be about to record) and reads each queue through a read-only view that it
+refreshes from metadata to see later commits (``MessageFetcher(read_only_cold=True)``).
+
 Key lookups find archived messages only (the key index is built by the archiver after each commit);
 a message still only in the hot store is found by its queue offset.
 """
@@ -55,7 +60,8 @@ class AsyncTieredMessageStore:
 
     Build it on an opened ``Runtime`` (the composition root), or with ``open(config)``, which opens
     and closes the runtime too. ``read_policy`` overrides ``config.read.read_policy``;
-    ``hot_in_memory_bytes`` and ``cache_clock`` are passed to the MessageFetcher.
+    ``hot_in_memory_bytes`` and ``cache_clock`` are passed to the MessageFetcher. Without a hot store
+    it reads cold queues through read-only views, never through ``runtime.flat``'s recovered ones.
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class AsyncTieredMessageStore:
             settings=settings,
             metrics=runtime.metrics,
             hot_in_memory_bytes=hot_in_memory_bytes,
+            read_only_cold=runtime.hot is None,
             **extra,
         )
 
@@ -93,11 +100,14 @@ class AsyncTieredMessageStore:
         cache_clock: Callable[[], float] | None = None,
         hot_retention_interval: float | None = None,
     ) -> AsyncIterator[AsyncTieredMessageStore]:
-        """Open the runtime (``hot=False``: cold storage only) and a store on it; both close on exit.
+        """Open the runtime (``hot=False``: cold storage only, read-only) and a store on it; both close on exit.
+
+        Only a store with its hot store recovers the cold queues at open (it may run the archiver
+        in-process on ``store.runtime``); a cold-only store leaves them to the archiver that owns them.
 
         ``hot_retention_interval`` (seconds) runs ``delete_expired_hot`` that often in the background.
         """
-        async with open_runtime(config, hot=hot, metrics=metrics) as runtime:
+        async with open_runtime(config, hot=hot, recover=hot, metrics=metrics) as runtime:
             store = cls(
                 runtime, read_policy=read_policy, hot_in_memory_bytes=hot_in_memory_bytes, cache_clock=cache_clock
             )

@@ -1,0 +1,70 @@
+"""A cold-only store beside an archiver: it reads through read-only views, sees later commits, changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from tests.read.helpers import archive_hot, make_config
+from tieredstore.fetcher import GetMessageStatus
+from tieredstore.formats.naming import FileType, queue_path
+from tieredstore.store import AsyncTieredMessageStore
+
+TOPIC = "ColdOnly"
+
+
+def cold_listing(cold_dir: Path) -> dict[str, tuple[int, str]]:
+    """Every object under the cold root: size and content hash."""
+    return {
+        str(path.relative_to(cold_dir)): (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+        for path in sorted(cold_dir.rglob("*"))
+        if path.is_file()
+    }
+
+
+async def test_cold_only_store_sees_later_commits_and_never_modifies_cold_storage(tmp_path: Path) -> None:
+    archiver_config = make_config(tmp_path / "archiver")
+    cold_dir = archiver_config.data_dir / "cold"
+    # Another machine: its own data directory, the archiver's cold storage and metadata database.
+    reader_config = make_config(
+        tmp_path / "reader", cold_url=str(cold_dir), metadata_url=archiver_config.effective_metadata_url
+    )
+    async with AsyncTieredMessageStore.open(archiver_config) as archiver:
+        for n in range(50):
+            await archiver.put_message(TOPIC, 0, f"first {n}".encode())
+        for n in range(10):
+            await archiver.put_message(TOPIC, 1, f"other {n}".encode())
+        await archive_hot(archiver.runtime, TOPIC, 0)
+        await archive_hot(archiver.runtime, TOPIC, 1)
+        # The archiver is between writing queue 1's next commit-log bytes and recording them in metadata:
+        # recovery would cut these bytes; a reader must leave them alone.
+        commit_log_dir = cold_dir / queue_path(archiver_config.cluster, archiver_config.broker, TOPIC, 1)
+        last_segment = max((commit_log_dir / FileType.COMMIT_LOG.value).iterdir(), key=lambda p: p.name[8:])
+        with last_segment.open("ab") as handle:
+            handle.write(b"\x00" * 137)
+        before = cold_listing(cold_dir)
+
+        async with AsyncTieredMessageStore.open(reader_config, hot=False) as reader:
+            first = await reader.get_messages(TOPIC, 0, 0, max_count=100)
+            assert first.status is GetMessageStatus.FOUND
+            assert [m.body for m in first.messages] == [f"first {n}".encode() for n in range(50)]
+            assert {m.tier for m in first.messages} == {"cold"}
+            other = await reader.get_messages(TOPIC, 1, 0, max_count=100)
+            assert [m.queue_offset for m in other.messages] == list(range(10))
+            at_end = await reader.get_messages(TOPIC, 0, 50)
+            assert at_end.status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+            assert cold_listing(cold_dir) == before
+
+            # The archiver commits more; the reader, at its view's end, sees them.
+            for n in range(50, 80):
+                await archiver.put_message(TOPIC, 0, f"later {n}".encode())
+            await archive_hot(archiver.runtime, TOPIC, 0)
+            assert await reader.get_max_offset(TOPIC, 0) == 80
+            later = await reader.get_messages(TOPIC, 0, 50, max_count=100)
+            assert later.status is GetMessageStatus.FOUND
+            assert [m.body for m in later.messages] == [f"later {n}".encode() for n in range(50, 80)]
+            after_commit = cold_listing(cold_dir)
+            assert await reader.get_messages(TOPIC, 0, 75, max_count=100) is not None
+            assert await reader.offset_for_timestamp(TOPIC, 0, 0) == 0
+        assert cold_listing(cold_dir) == after_commit
+        assert after_commit[str(last_segment.relative_to(cold_dir))] == before[str(last_segment.relative_to(cold_dir))]
