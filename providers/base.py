@@ -89,7 +89,7 @@ class FileSegment(abc.ABC):
         self.max_size = max_size if max_size is not None else DEFAULT_MAX_SIZE[segment_id.file_type]
         self.max_pending_buffers = max_pending_buffers
         self._commit_position = commit_position
-        self._buffers: list[bytes] = []
+        self._buffers: list[bytes | bytearray] = []
         self._buffered_bytes = 0
         self._commit_lock = asyncio.Lock()
         self._closed = False
@@ -163,6 +163,11 @@ class FileSegment(abc.ABC):
         return self._closed
 
     @property
+    def buffers_full(self) -> bool:
+        """Whether ``append`` answers BUFFER_FULL now: the pending buffers must be committed first."""
+        return len(self._buffers) >= self.max_pending_buffers
+
+    @property
     def is_full(self) -> bool:
         return self.max_size is not None and self.append_position >= self.max_size
 
@@ -172,19 +177,27 @@ class FileSegment(abc.ABC):
 
     # ---- appends and commits ---------------------------------------------------------------------
 
-    def append(self, data: bytes, timestamp: int | None = None) -> AppendResult:
-        """Buffer ``data`` at the append position. An empty segment admits one append of any size."""
+    def append(
+        self, data: bytes | bytearray | memoryview, timestamp: int | None = None, max_timestamp: int | None = None
+    ) -> AppendResult:
+        """Buffer ``data`` at the append position. An empty segment admits one append of any size.
+
+        ``timestamp`` (and ``max_timestamp`` when the data spans a time range) widen the segment's time
+        range. A ``bytearray`` is taken over, not copied, so a whole batch reaches storage without a
+        copy: the caller must not change it afterwards. A ``memoryview`` is copied.
+        """
         if self._closed:
             return AppendResult.FILE_CLOSED
-        if len(self._buffers) >= self.max_pending_buffers:
+        if self.buffers_full:
             return AppendResult.BUFFER_FULL
         if self.max_size is not None and self.append_position > 0 and self.append_position + len(data) > self.max_size:
             return AppendResult.FILE_FULL
-        self._buffers.append(bytes(data))
+        self._buffers.append(data if isinstance(data, bytes | bytearray) else bytes(data))
         self._buffered_bytes += len(data)
         if timestamp is not None:
+            newest = timestamp if max_timestamp is None else max_timestamp
             self.min_timestamp = timestamp if self.min_timestamp is None else min(self.min_timestamp, timestamp)
-            self.max_timestamp = timestamp if self.max_timestamp is None else max(self.max_timestamp, timestamp)
+            self.max_timestamp = newest if self.max_timestamp is None else max(self.max_timestamp, newest)
         return AppendResult.SUCCESS
 
     async def commit(self) -> None:
@@ -227,8 +240,11 @@ class FileSegment(abc.ABC):
             ) from cause
         self._mark_committed(len(stored), data)
 
-    def _collapse_buffers(self) -> bytes:
-        """Join the pending buffers into one head buffer and return it; later appends queue behind it."""
+    def _collapse_buffers(self) -> bytes | bytearray:
+        """Join the pending buffers into one head buffer and return it; later appends queue behind it.
+
+        A single buffer (one batch per commit, the archiver's case) is handed on as it is, not copied.
+        """
         data = b"".join(self._buffers) if len(self._buffers) > 1 else self._buffers[0]
         self._buffers[:] = [data]
         return data

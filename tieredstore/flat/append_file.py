@@ -164,6 +164,20 @@ class FlatAppendFile:
                 await self.roll(timestamp)
         raise StorageError(f"{self.path}/{self.file_type.value}: could not append {len(data)} bytes")
 
+    async def prepare_append(self, size: int, timestamp: int) -> None:
+        """Start, roll or commit now whatever the next ``append`` of ``size`` bytes would need, so it only buffers.
+
+        A caller appending to two files in step prepares the second before appending to the first, so a
+        failure (storage or metadata) strikes before either file holds the new bytes.
+        """
+        self._require_writable("append")
+        if not self.segments:
+            await self._start_segment(self._initial_offset, timestamp)
+        if self.would_roll(size):
+            await self.roll(timestamp)
+        if self.segments[-1].buffers_full:
+            await self.commit()
+
     async def roll(self, timestamp: int | None = None) -> None:
         """Commit and seal the last segment, then start a new one at the commit offset."""
         if not self.segments:

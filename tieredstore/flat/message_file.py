@@ -248,6 +248,9 @@ class FlatMessageFile:
             raise ValidationError(
                 f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {queue_offset}"
             )
+        # The consume queue rolls or commits first if it must: were that to fail after the record was
+        # buffered, the commit log would hold a record no unit points at, and its retry a second copy.
+        await self.consume_queue.prepare_append(UNIT_SIZE, store_timestamp)
         await self.commit_log.try_rolling(self.clock())
         physical_offset = self.commit_log.append_offset
         landed = await self.commit_log.append(rewrite_physical_offset(record, physical_offset), store_timestamp)

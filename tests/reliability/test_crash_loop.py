@@ -1,0 +1,127 @@
+"""Crash loop: a producer process and a follower archiver process, each SIGKILLed over and over and restarted.
+
+The producer owns the hot store and puts continuously with ``flush_mode = sync``, printing an ACK
+line for every put that returned. The archiver follows the hot store read-only (``run --hot-mode
+follower``) on a POSIX cold tier. Kills of the two come in random order at random moments (during
+start-up and recovery, in the middle of batches, while the other is restarting). Every few archiver
+kills, with the archiver down, the archive so far is checked against the hot copy (a restart's
+recovery first, as the next archiver would run it): exactly once, byte-identical but for
+PHYSICALOFFSET, contiguous, and further along than at the previous check. At the end the producer
+stops, one ``run --once`` finishes, and every acknowledged put must be archived exactly once.
+
+Scaled (see ``archiver_run.py``): 30 kills of each by default, 100 of each at full scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.archiver.processes import child_env, run_tieredstore, start_producer, start_tieredstore, wait_for_text
+from tests.archiver.test_crash import Producer, _settings, _unmatched_acks
+from tests.reliability.archiver_run import FULL_SCALE, archive_state
+from tieredstore.config import load_config
+from tieredstore.runtime import open_hot_store
+
+pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800 if FULL_SCALE else 300)]
+
+KILLS_EACH = 100 if FULL_SCALE else 30
+CHECK_EVERY = 10  # archiver kills between two checks of the archive
+
+
+class SyncProducer(Producer):
+    """The crash test's producer, every run with ``flush_mode = sync``: an ACK means the put is on disk."""
+
+    def start(self) -> None:
+        env = dict(self.env, TIEREDSTORE_HOT__FLUSH_MODE="sync")
+        self.process = start_producer(self.seed + self.runs, self.rate, env, self.tmp_path / f"acks-{self.runs}.txt")
+        self.runs += 1
+
+
+def test_archiver_and_producer_sigkilled_in_a_loop_archive_every_acknowledged_put_once(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = _settings(tmp_path, "posix", request)
+    env = child_env(settings)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, str(value))
+    config = load_config()
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    started = time.monotonic()
+    producer = SyncProducer(tmp_path, env, seed, rate=150.0)
+    producer.start()
+    wait_for_text(tmp_path / "acks-0.txt", "ACK ", timeout=30)
+    victims = ["archiver"] * KILLS_EACH + ["producer"] * KILLS_EACH
+    rng.shuffle(victims)
+    archiver_runs = 0
+    archiver: subprocess.Popen[bytes] | None = None
+    kills_mid_archive = 0
+    checks: list[int] = []
+
+    def start_archiver() -> tuple[subprocess.Popen[bytes], Path]:
+        nonlocal archiver_runs
+        stderr = tmp_path / f"archiver-{archiver_runs}.txt"
+        archiver_runs += 1
+        return start_tieredstore(["run", "--no-demo", "--hot-mode", "follower"], env, stderr), stderr
+
+    try:
+        archiver, stderr = start_archiver()
+        for victim in victims:
+            if victim == "producer":
+                time.sleep(rng.uniform(0.0, 0.8))
+                producer.kill()
+                producer.start()
+                continue
+            if rng.random() < 0.25:
+                time.sleep(rng.uniform(0.0, 1.0))  # anywhere from start-up and recovery on
+            else:
+                wait_for_text(stderr, "archiving ", timeout=30)
+                time.sleep(rng.uniform(0.0, 0.6))  # in the middle of batches
+                kills_mid_archive += 1
+            assert archiver.poll() is None, f"archiver exited early (seed {seed}):\n{stderr.read_text()}"
+            archiver.send_signal(signal.SIGKILL)
+            archiver.wait(timeout=10)
+            assert archiver.returncode == -signal.SIGKILL
+            if archiver_runs % CHECK_EVERY == 0:
+                archived, problems = asyncio.run(archive_state(config, follow=True))
+                assert problems == [], f"seed {seed}, after {archiver_runs} archiver kills"
+                total = sum(archived.values())
+                assert not checks or total > checks[-1], f"seed {seed}: no progress since the last check"
+                checks.append(total)
+            archiver, stderr = start_archiver()
+        archiver.send_signal(signal.SIGKILL)
+        archiver.wait(timeout=10)
+    finally:
+        if archiver is not None and archiver.poll() is None:
+            archiver.kill()
+            archiver.wait(timeout=10)
+        if producer.process is not None and producer.process.poll() is None:
+            producer.kill()
+
+    finish = run_tieredstore(["--output", "json", "run", "--once", "--no-demo"], env, timeout=120)
+    assert finish.returncode == 0, f"seed {seed}: {finish.stderr}"
+    archived, problems = asyncio.run(archive_state(config, follow=False))
+    assert problems == [], f"seed {seed}"
+    acks = producer.acknowledged()
+    assert _unmatched_acks(acks) == [], f"seed {seed}"
+    with open_hot_store(config) as hot:
+        hot_max = {(topic, queue_id): hot.max_offset(topic, queue_id) for topic, queue_id in hot.queues()}
+    assert archived == hot_max, f"seed {seed}"  # per queue: everything the hot store holds is archived
+    assert all(offset < archived[(topic, queue_id)] for topic, queue_id, offset in acks)
+    assert producer.runs == 1 + KILLS_EACH and archiver_runs == 1 + KILLS_EACH
+    assert kills_mid_archive >= KILLS_EACH // 2 and len(checks) == KILLS_EACH // CHECK_EVERY
+    with capsys.disabled():
+        print(
+            f"\nfigures crash-loop: seed {seed}, {KILLS_EACH} archiver + {KILLS_EACH} producer SIGKILLs in "
+            f"{time.monotonic() - started:.0f}s ({kills_mid_archive} mid-archive), {len(checks)} checks "
+            f"(archived {checks}), {len(acks):,} acknowledged puts, {sum(archived.values()):,} messages "
+            "archived exactly once, 0 problems"
+        )
