@@ -37,6 +37,8 @@ def _print_result(document: dict[str, Any]) -> None:
             f"{ours['median']:.4g} {ours['unit']}",
             _ratio_text(comparison),
         )
+    for skipped in document.get("not_run", []):
+        table.add_row(skipped["name"], "", "", f"not run: {skipped['reason']}")
     for figure in document["figures"]:
         table.add_row(figure["name"], "", f"{figure['median']:.4g} {figure['unit']}", "")
     console.print(table)

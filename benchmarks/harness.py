@@ -192,6 +192,7 @@ class BenchmarkContext:
         self.figures: list[dict[str, Any]] = []
         self.series: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.not_run: list[dict[str, Any]] = []
 
     def scale(self, full: int, quick: int) -> int:
         """``full`` normally, ``quick`` under --quick."""
@@ -249,6 +250,20 @@ class BenchmarkContext:
         }
         self.comparisons.append(comparison)
         return comparison
+
+    def skip_comparison(self, name: str, *, reason: str, target: Target | None = None, description: str = "") -> None:
+        """Record that the comparison ``name`` was not run and why (a baseline tool missing on this machine).
+
+        The benchmark goes on with its other comparisons; the report shows the pair as not run.
+        """
+        self.not_run.append(
+            {
+                "name": name,
+                "description": description,
+                "reason": reason,
+                "target": target.to_json() if target is not None else None,
+            }
+        )
 
     def figure(self, name: str, values: Sequence[float], unit: str, description: str = "") -> dict[str, Any]:
         """A figure with no baseline (a latency, a peak RSS), one value per round."""
@@ -345,6 +360,7 @@ def run_one(bench: Benchmark, *, quick: bool, out_dir: Path, rounds: int | None 
         "machine": machine_facts(),
         "parameters": ctx.parameters,
         "comparisons": ctx.comparisons,
+        "not_run": ctx.not_run,
         "figures": ctx.figures,
         "series": ctx.series,
         "notes": ctx.notes,

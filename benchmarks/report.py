@@ -151,7 +151,8 @@ def render_section(document: dict[str, Any], *, plots_dir: Path, markdown_dir: P
         params = ", ".join(f"{key} = {value}" for key, value in document["parameters"].items())
         lines += [f"Parameters: {params}.", ""]
     comparisons = document.get("comparisons", [])
-    if comparisons:
+    not_run = document.get("not_run", [])
+    if comparisons or not_run:
         lines += [
             "| comparison | baseline: median (min-max) | ours: median (min-max) | ratio ours/baseline, "
             "pair by pair: median (min-max) | target | verdict |",
@@ -164,6 +165,13 @@ def render_section(document: dict[str, Any], *, plots_dir: Path, markdown_dir: P
                 f"| {comparison['name']}{description} | {_side_cell(comparison['baseline'])} | "
                 f"{_side_cell(comparison['ours'])} | {_spread(comparison['ratio'])} | "
                 f"{target['text'] if target else '—'} | {_verdict(comparison)} |"
+            )
+        for skipped in not_run:
+            target = skipped.get("target")
+            description = f" — {skipped['description']}" if skipped.get("description") else ""
+            lines.append(
+                f"| {skipped['name']}{description} | — | — | — | {target['text'] if target else '—'} | "
+                f"not run: {skipped['reason']} |"
             )
         lines.append("")
         extras = [line for comparison in comparisons for line in _extras_lines(comparison)]

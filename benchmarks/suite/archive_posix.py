@@ -45,7 +45,7 @@ def _archive(hot: HotData, directory: Path, *, with_index: bool) -> Measurement:
     ),
 )
 def archive_posix(ctx: BenchmarkContext) -> None:
-    messages = ctx.scale(full=FULL_MESSAGES, quick=20_000)
+    messages = ctx.scale(full=FULL_MESSAGES, quick=2_000)
     hot = fill_hot_store(ctx.work_dir / "source", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
     ctx.parameter(
         messages=messages,

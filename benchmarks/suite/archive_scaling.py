@@ -132,9 +132,9 @@ def _curves(
     ),
 )
 def archive_scaling(ctx: BenchmarkContext) -> None:
-    bytes_per_point = ctx.scale(full=32 << 20, quick=512 << 10)
+    bytes_per_point = ctx.scale(full=32 << 20, quick=128 << 10)
     body_sizes = BODY_SIZES if not ctx.quick else (128, 8192)
-    queue_counts = QUEUE_COUNTS if not ctx.quick else (1, 64)
+    queue_counts = QUEUE_COUNTS if not ctx.quick else (1, 16)
     ctx.parameter(
         mib_per_point=bytes_per_point >> 20,
         body_sizes=list(body_sizes),

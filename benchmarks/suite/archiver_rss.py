@@ -34,7 +34,7 @@ TARGET_MIB = 256
     ),
 )
 def archiver_rss(ctx: BenchmarkContext) -> None:
-    target_bytes = ctx.scale(full=1 << 30, quick=4 << 20)
+    target_bytes = ctx.scale(full=1 << 30, quick=1 << 20)
     messages = target_bytes // (BODY_BYTES + 100)
     hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
     ctx.parameter(

@@ -67,17 +67,18 @@ def _commit_log_objects(client: Any, bucket: str) -> list[RangedGet]:
     ),
 )
 def cold_read_s3(ctx: BenchmarkContext) -> None:
-    messages = ctx.scale(full=FULL_MESSAGES, quick=3_000)
+    messages = ctx.scale(full=FULL_MESSAGES, quick=640)
+    queues = ctx.scale(full=QUEUES, quick=4)
     with MotoServer(ctx.work_dir / "moto") as s3:
         bucket = s3.create_bucket("cold-read")
-        hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
-        config = config_for(hot.data_dir, cold_url=f"s3://{bucket}/archive", s3=s3, queues=QUEUES)
+        hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=queues, body_bytes=BODY_BYTES)
+        config = config_for(hot.data_dir, cold_url=f"s3://{bucket}/archive", s3=s3, queues=queues)
         archive(config, with_index=False, expected=messages)
         client = s3_client(s3.client_options(), max_pool_connections=1)
         objects = _commit_log_objects(client, bucket)
         ctx.parameter(
             messages=messages,
-            queues=QUEUES,
+            queues=queues,
             body_bytes=BODY_BYTES,
             batch=BATCH,
             record_mib=round(hot.record_bytes / (1 << 20), 1),
@@ -88,7 +89,7 @@ def cold_read_s3(ctx: BenchmarkContext) -> None:
 
         def ours(_: Path) -> Measurement:
             before = request_counts(s3)
-            seconds, read, received = asyncio.run(_read_all(config, QUEUES))
+            seconds, read, received = asyncio.run(_read_all(config, queues))
             counts = request_counts(s3) - before
             if read != messages:
                 raise RuntimeError(f"read {read} messages of {messages}")

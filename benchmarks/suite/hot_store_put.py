@@ -119,9 +119,9 @@ def _put_concurrently(directory: Path, bodies: Sequence[bytes], count: int, prod
     ),
 )
 def hot_store_put(ctx: BenchmarkContext) -> None:
-    async_count = ctx.scale(full=200_000, quick=4_000)
-    sync_count = ctx.scale(full=40_000, quick=2_000)
-    fsync_each_count = ctx.scale(full=FSYNC_EACH_MESSAGES, quick=300)
+    async_count = ctx.scale(full=200_000, quick=1_000)
+    sync_count = ctx.scale(full=40_000, quick=500)
+    fsync_each_count = ctx.scale(full=FSYNC_EACH_MESSAGES, quick=100)
     bodies = _bodies()
     async_records = _raw_records(bodies, async_count)
     sync_records = _raw_records(bodies, sync_count)
@@ -190,7 +190,7 @@ def hot_store_put(ctx: BenchmarkContext) -> None:
     )
 
     producer_counts = [1, 2, 4, 8, 16, 32, 64] if not ctx.quick else [1, 8]
-    per_point = ctx.scale(full=6_000, quick=300)
+    per_point = ctx.scale(full=6_000, quick=100)
     sync_rates: list[float] = []
     puts_per_sync: list[float] = []
     for producers in producer_counts:

@@ -155,8 +155,8 @@ def _objects(client: Any, bucket: str, marker: str) -> list[tuple[str, int]]:
     ),
 )
 def key_lookup(ctx: BenchmarkContext) -> None:
-    keys_total = ctx.scale(full=FULL_KEYS, quick=2_000)
-    lookups = ctx.scale(full=FULL_LOOKUPS, quick=10)
+    keys_total = ctx.scale(full=FULL_KEYS, quick=400)
+    lookups = ctx.scale(full=FULL_LOOKUPS, quick=5)
     items_per_file = -(-keys_total // INDEX_FILES)
     with MotoServer(ctx.work_dir / "moto") as s3:
         bucket = s3.create_bucket("key-lookup")

@@ -102,7 +102,7 @@ async def _read_chunks(endpoint_url: str, prefix: str, objects: Sequence[memoryv
     ),
 )
 def provider_s3(ctx: BenchmarkContext) -> None:
-    total = ctx.scale(full=256 << 20, quick=16 << 20)
+    total = ctx.scale(full=256 << 20, quick=8 << 20)
     data = os.urandom(total)
     objects = split_objects(data)
     ctx.parameter(object_bytes=OBJECT_SIZE, objects=len(objects), total_mib=total >> 20, concurrency=CONCURRENCY)

@@ -130,7 +130,7 @@ def _recover(url: str, cold_root: Path, expected_queues: int) -> Callable[[Path]
     ),
 )
 def restart_queues(ctx: BenchmarkContext) -> None:
-    steps = [1_000, 3_000, 10_000] if not ctx.quick else [50, 200]
+    steps = [1_000, 3_000, 10_000] if not ctx.quick else [20, 60]
     queue_count = steps[-1]
     sqlite_url = f"sqlite:///{ctx.work_dir / 'metadata.db'}"
     cold_root = ctx.work_dir / "cold"

@@ -40,18 +40,19 @@ RSS_TARGET_MIB = 256
     ),
 )
 def restore_s3(ctx: BenchmarkContext) -> None:
-    messages = ctx.scale(full=FULL_MESSAGES, quick=3_000)
+    messages = ctx.scale(full=FULL_MESSAGES, quick=640)
+    queues = ctx.scale(full=QUEUES, quick=4)
     with MotoServer(ctx.work_dir / "moto") as s3:
         bucket = s3.create_bucket("restore")
-        hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
-        config = config_for(hot.data_dir, cold_url=f"s3://{bucket}/archive", s3=s3, queues=QUEUES)
+        hot = fill_hot_store(ctx.work_dir / "node", messages=messages, queues=queues, body_bytes=BODY_BYTES)
+        config = config_for(hot.data_dir, cold_url=f"s3://{bucket}/archive", s3=s3, queues=queues)
         archive(config, with_index=False, expected=messages)
         client = s3_client(s3.client_options(), max_pool_connections=1)
         objects = _commit_log_objects(client, bucket)
         environment = {**os.environ, **config_environment(config)}
         ctx.parameter(
             messages=messages,
-            queues=QUEUES,
+            queues=queues,
             body_bytes=BODY_BYTES,
             record_mib=round(hot.record_bytes / (1 << 20), 1),
             commit_log_objects=len(objects),

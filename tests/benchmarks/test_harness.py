@@ -175,6 +175,63 @@ def test_report_prefers_a_full_run_over_a_newer_quick_one(trivial: list[str], tm
     assert "full run, 3 round(s)" in text and "quick smoke run" not in text
 
 
+def test_a_comparison_not_run_is_recorded_and_reported_with_its_reason(tmp_path: Path) -> None:
+    @benchmark("half_run_for_test", title="Half run", issue=None, summary="One pair runs, one cannot.")
+    def run(ctx: BenchmarkContext) -> None:
+        ctx.compare(
+            "runs",
+            baseline=Contender("base", lambda _: Measurement(seconds=1.0, items=10)),
+            ours=Contender("ours", lambda _: Measurement(seconds=1.0, items=10)),
+            unit="msg",
+        )
+        ctx.skip_comparison(
+            "vs missing tool", reason="tool not installed (apt-get install tool)", target=Target.at_least(1.0, "≥ 1x")
+        )
+
+    try:
+        registry, _ = discover()
+        document = run_one(registry["half_run_for_test"], quick=True, out_dir=tmp_path / "results")
+    finally:
+        unregister("half_run_for_test")
+
+    assert document["status"] == "ok", document["error"]
+    assert [c["name"] for c in document["comparisons"]] == ["runs"]
+    assert document["not_run"] == [
+        {
+            "name": "vs missing tool",
+            "description": "",
+            "reason": "tool not installed (apt-get install tool)",
+            "target": {"text": "≥ 1x", "min_ratio": 1.0, "max_ratio": None},
+        }
+    ]
+    markdown = tmp_path / "BENCHMARKS.md"
+    regenerate(results_dir=tmp_path / "results", markdown_path=markdown, plots_dir=tmp_path / "plots")
+    row = next(line for line in markdown.read_text().splitlines() if line.startswith("| vs missing tool"))
+    assert "not run: tool not installed (apt-get install tool)" in row and "≥ 1x" in row
+
+
+@pytest.mark.slow
+def test_archive_s3_without_rclone_records_the_rclone_pair_as_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.suite import archive_s3
+
+    real_which = archive_s3.shutil.which
+    monkeypatch.setattr(
+        archive_s3.shutil, "which", lambda name, *a, **k: None if name == "rclone" else real_which(name, *a, **k)
+    )
+    registry, _ = discover()
+
+    document = run_one(registry["archive_s3"], quick=True, out_dir=tmp_path)
+
+    assert document["status"] == "ok", document["error"]
+    assert [c["name"] for c in document["comparisons"]] == ["vs raw 4 MiB PUTs", "vs naive per-message PUTs"]
+    assert [(s["name"], s["reason"]) for s in document["not_run"]] == [
+        ("vs rclone copy", "rclone not installed (apt-get install rclone)")
+    ]
+    assert document["parameters"]["rclone"] == "not installed"
+
+
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "benchmarks", *args],
