@@ -470,7 +470,10 @@ def _lost_notes(summary: RestoreSummary) -> list[str]:
         for start, end in queue.lost:
             if queue.stopped_at is not None and start > queue.stopped_at:
                 continue
-            verb = "skipped" if queue.stopped_at is None else "not restored"
+            if summary.dry_run:
+                verb = "would be skipped" if queue.stopped_at is None else "would not be restored"
+            else:
+                verb = "skipped" if queue.stopped_at is None else "not restored"
             notes.append(f"{name}: offsets [{start}, {end}) were lost before they were archived; {verb}")
         if queue.stopped_at is not None:
             after = queue.lost[0][1]
