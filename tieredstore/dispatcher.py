@@ -37,12 +37,12 @@ import structlog
 
 from tieredstore.config import ArchiverSettings
 from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundError, TieredStoreError
-from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.flat.message_file import BatchRecord, FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
-from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode, store_timestamp_of
+from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of, store_timestamp_of
 from tieredstore.index import IndexEntry, IndexService
 from tieredstore.leases import LeaseManager
-from tieredstore.local.store import LocalMessageStore, StoredMessage
+from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime
@@ -151,7 +151,8 @@ class OnceResult:
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    messages: list[StoredMessage]
+    records: list[BatchRecord]
+    record_bytes: int
     hot: HotView
 
 
@@ -189,6 +190,7 @@ class Dispatcher:
         self._lease_task: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self._queues_with_rows: set[QueueKey] = set()
+        self._topic_ids: dict[str, int] = {}
 
     @classmethod
     def from_runtime(
@@ -252,7 +254,8 @@ class Dispatcher:
             )
             if not messages:
                 return
-            await self.index.put(self._index_entries(state, messages))
+            records = [(m.raw, m.queue_offset, store_timestamp_of(m.raw), m.unit.tag_hash) for m in messages]
+            await self.index.put(self._index_entries(state, records))
             offset = messages[-1].queue_offset + 1
 
     # ---- the public loop entry points --------------------------------------------------------------
@@ -276,6 +279,7 @@ class Dispatcher:
         targets = {key: view.max_offset for key, view in (await self._hot_snapshot()).items()}
         failed: dict[QueueKey, str] = {}
         while True:
+            await self._open_new(key for key in targets if key not in failed)
             open_queues = []
             for key, target in targets.items():
                 if key in failed or not self._serves(key):
@@ -440,16 +444,17 @@ class Dispatcher:
 
     async def _dispatch_due(self, *, force: bool) -> list[asyncio.Task[None]]:
         snapshot = await self._hot_snapshot()
+        known = {key for key, state in self._queues.items() if state.flat_file is not None}
+        await self._open_new(snapshot)
         now = time.monotonic()
         started: list[asyncio.Task[None]] = []
         for (topic, queue_id), view in snapshot.items():
-            known = (topic, queue_id) in self._queues and self._queues[(topic, queue_id)].flat_file is not None
             if not self._serves((topic, queue_id)):
                 continue  # released or lost since the snapshot
             state = await self._opened_state(topic, queue_id)
             if state is None:
                 continue
-            if not known:
+            if (topic, queue_id) not in known:
                 # Just opened: the snapshot could not know where its archive starts, so look again.
                 view = await asyncio.to_thread(self._hot_view, topic, queue_id, state.append_offset)
             state.hot = view
@@ -509,37 +514,53 @@ class Dispatcher:
         try:
             batch = await asyncio.to_thread(self._read_batch, state.topic, state.queue_id, start)
         except NotFoundError:
-            batch = _Batch([], await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
+            batch = _Batch([], 0, await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
         state.hot = batch.hot
         if batch.hot.min_offset > start:
             return await self._skip_lost_range(state, start, batch.hot.min_offset)
-        if not batch.messages:
+        if not batch.records:
             return False
-        entries = self._index_entries(state, batch.messages) if self.index is not None else []
+        buffered = await self._buffer(state, batch, start)
+        # The hot copies are not needed once buffered: only the cold queue's buffers stay while it commits.
+        del batch
+        return buffered and await self._commit(state)
+
+    async def _buffer(self, state: _QueueState, batch: _Batch, start: int) -> bool:
+        """Append the batch to the cold queue in one call; on failure keep what was buffered, for the retry."""
+        flat_file = state.flat_file
+        assert flat_file is not None
+        entries = self._index_entries(state, batch.records) if self.index is not None else []
         try:
-            for message in batch.messages:
-                raw = message.raw
-                await flat_file.append(raw, message.queue_offset, store_timestamp_of(raw), message.unit.tag_hash)
-                state.unrecorded_messages += 1
-                state.unrecorded_bytes += len(raw)
+            await flat_file.append_batch(batch.records)
         except (TieredStoreError, OSError) as error:
-            # An append that rolled a segment may have failed half way: what was buffered stays buffered.
+            # A batch that rolled a segment may have failed part way: what was buffered stays buffered.
+            appended = flat_file.append_offset - start
+            state.unrecorded_messages += appended
+            state.unrecorded_bytes += sum(len(record[0]) for record in batch.records[:appended])
             state.unrecorded_entries.extend(e for e in entries if e.queue_offset < flat_file.append_offset)
             self._record_failure(state, error, phase="append")
             return False
+        state.unrecorded_messages += len(batch.records)
+        state.unrecorded_bytes += batch.record_bytes
         state.unrecorded_entries.extend(entries)
-        return await self._commit(state)
+        return True
 
     def _read_batch(self, topic: str, queue_id: int, start: int) -> _Batch:
         settings = self.settings
         hot_min = self.hot.min_offset(topic, queue_id)
         if hot_min > start:
-            return _Batch([], self._hot_view(topic, queue_id, start))
+            return _Batch([], 0, self._hot_view(topic, queue_id, start))
         messages = self.hot.read_messages(
             topic, queue_id, start, max_count=settings.group_commit_count, max_bytes=settings.group_commit_size
         )
+        records = [
+            (message.raw, message.queue_offset, store_timestamp_of(message.raw), message.unit.tag_hash)
+            for message in messages
+        ]
         next_offset = messages[-1].queue_offset + 1 if messages else start
-        return _Batch(messages, self._hot_view(topic, queue_id, next_offset))
+        return _Batch(
+            records, sum(len(message.raw) for message in messages), self._hot_view(topic, queue_id, next_offset)
+        )
 
     async def _commit(self, state: _QueueState) -> bool:
         """Commit log, consume queue, key-index entries, metadata; on failure keep everything for a retry."""
@@ -657,14 +678,33 @@ class Dispatcher:
         """Load the cold queue; on first sight create it at the ``start_from`` offset."""
         topic, queue_id = state.topic, state.queue_id
         try:
-            state.flat_file = self.flat.get(topic, queue_id)
+            flat_file = self.flat.get(topic, queue_id)
         except NotFoundError:
             start = await asyncio.to_thread(self._start_offset, topic, queue_id)
-            await asyncio.to_thread(self.metadata.get_or_create_queue, topic, queue_id, start_offset=start)
-            state.flat_file = await self.flat.get_or_create(topic, queue_id)
-            log.info("archiving a new queue", topic=topic, queue_id=queue_id, start_offset=state.archived_offset)
-        topic_info = await asyncio.to_thread(self.metadata.get_or_create_topic, topic)
-        state.topic_id = topic_info.id
+            flat_file = await self.flat.get_or_create(topic, queue_id, start_offset=start)
+            log.info("archiving a new queue", topic=topic, queue_id=queue_id, start_offset=flat_file.archived_offset)
+        topic_id = self._topic_ids.get(topic)
+        if topic_id is None:
+            topic_id = (await asyncio.to_thread(self.metadata.get_or_create_topic, topic)).id
+            self._topic_ids[topic] = topic_id
+        state.flat_file = flat_file
+        state.topic_id = topic_id
+
+    async def _open_new(self, keys: Iterable[QueueKey]) -> None:
+        """Open the cold queues not opened yet, several at once: first sight of many queues is metadata-bound."""
+        limit = asyncio.Semaphore(self.flat.settings.recovery_concurrency)
+
+        async def open_one(key: QueueKey) -> None:
+            async with limit:
+                await self._opened_state(*key)
+
+        unopened = [key for key in keys if self._serves(key) and self._needs_open(key)]
+        if len(unopened) > 1:
+            await asyncio.gather(*(open_one(key) for key in unopened))
+
+    def _needs_open(self, key: QueueKey) -> bool:
+        state = self._queues.get(key)
+        return state is None or (state.flat_file is None and state.retry_at <= time.monotonic())
 
     def _start_offset(self, topic: str, queue_id: int) -> int:
         start_from = self.settings.start_from
@@ -780,24 +820,22 @@ class Dispatcher:
         lag = max(0, state.hot.max_offset - state.archived_offset)
         self.metrics.queue_lag.labels(state.topic, str(state.queue_id)).set(lag)
 
-    def _index_entries(self, state: _QueueState, messages: Iterable[StoredMessage]) -> list[IndexEntry]:
+    def _index_entries(self, state: _QueueState, records: Iterable[BatchRecord]) -> list[IndexEntry]:
         entries = []
         topic_id = state.topic_id if state.topic_id is not None else 0
-        for message in messages:
-            raw = message.raw
+        for raw, queue_offset, store_timestamp, _tag_hash in records:
             if not any(marker in raw for marker in _KEY_MARKERS):
                 continue
-            record = decode(raw, check_crc=False)
-            keys = tuple(record.keys) + ((record.unique_key,) if record.unique_key else ())
+            keys = index_keys_of(raw)
             if keys:
                 entries.append(
                     IndexEntry(
                         topic=state.topic,
                         topic_id=topic_id,
                         queue_id=state.queue_id,
-                        queue_offset=message.queue_offset,
+                        queue_offset=queue_offset,
                         size=len(raw),
-                        timestamp=record.store_timestamp,
+                        timestamp=store_timestamp,
                         keys=keys,
                     )
                 )

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
-from tieredstore.providers.base import AppendResult, FileSegment, Provider
+from tieredstore.providers.base import DEFAULT_MAX_SIZE, AppendResult, FileSegment, Provider
 
 Clock = Callable[[], int]
 RECOVERABLE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED, SegmentStatus.DELETING)
@@ -148,14 +148,35 @@ class FlatAppendFile:
         limit = last.max_size
         return limit is not None and last.append_position > 0 and last.append_position + size > limit
 
-    async def append(self, data: bytes, timestamp: int) -> int:
-        """Buffer ``data``, rolling to a new segment when the last one is full; returns its offset."""
+    def fitting(self, sizes: Sequence[int]) -> int:
+        """How many of ``sizes``, appended in order as one run, go to the segment the first would go to.
+
+        That is the last segment, or a new one when the first append would roll: at least one item
+        (an empty segment takes one of any size), then as many as fit its max size.
+        """
+        if not sizes:
+            return 0
+        if self.would_roll(sizes[0]):
+            room = self.max_segment_size if self.max_segment_size is not None else DEFAULT_MAX_SIZE[self.file_type]
+        else:
+            last = self.segments[-1]
+            room = None if last.max_size is None else last.max_size - last.append_position
+        if room is None:
+            return len(sizes)
+        return max(1, bisect.bisect_right(list(itertools.accumulate(sizes)), room))
+
+    async def append(self, data: bytes | bytearray, timestamp: int, max_timestamp: int | None = None) -> int:
+        """Buffer ``data``, rolling to a new segment when the last one is full; returns its offset.
+
+        ``max_timestamp`` is the newest time in ``data`` when it holds a run of items (``timestamp`` the
+        oldest); a ``bytearray`` is taken over by the segment (see ``FileSegment.append``).
+        """
         self._require_writable("append")
         if not self.segments:
             await self._start_segment(self._initial_offset, timestamp)
         for _ in range(3):
             offset = self.append_offset
-            result = self.segments[-1].append(data, timestamp)
+            result = self.segments[-1].append(data, timestamp, max_timestamp)
             if result is AppendResult.SUCCESS:
                 return offset
             if result is AppendResult.BUFFER_FULL:

@@ -30,11 +30,12 @@ from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError,
 from tieredstore.flat.append_file import Clock, wall_clock_ms
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile, HeldOffsets
-from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.consume_queue import UNIT_SIZE, UNIT_STRUCT, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
     MAGIC_V2,
     MIN_RECORD_SIZE,
+    POS_PHYSICAL_OFFSET,
     POS_QUEUE_OFFSET,
     rewrite_physical_offset,
     store_timestamp_of,
@@ -79,6 +80,10 @@ class RecoveryResult:
 
 
 _HEADER = struct.Struct(">iI")
+_PHYSICAL_OFFSET = struct.Struct(">q")
+
+# One message for ``append_batch``: its raw record, queue offset, store timestamp and tag hash.
+BatchRecord = tuple[bytes, int, int, int]
 
 
 class FlatMessageFile:
@@ -258,6 +263,70 @@ class FlatMessageFile:
             raise StorageError(f"{self}: commit log appended at {landed}, expected {physical_offset}")
         await self.consume_queue.append_unit(ConsumeQueueUnit(physical_offset, len(record), tag_hash), store_timestamp)
         return physical_offset
+
+    async def append_batch(self, records: Sequence[BatchRecord]) -> int:
+        """Buffer a run of consecutive messages in one pass; returns the cold commit-log offset of the first.
+
+        Each record is ``(raw, queue_offset, store_timestamp, tag_hash)``, queue offsets consecutive. The
+        same as ``append`` for each in turn, without a call per message: every record is validated
+        before anything is buffered, the records of one commit-log segment are laid into one buffer
+        with their PHYSICALOFFSETs rewritten in place, and their consume-queue units into another; a
+        batch crossing a segment's max size is split there and rolls as ``append`` would.
+        """
+        self._require_writable("append")
+        if not records:
+            return self.commit_log.append_offset
+        first_offset = records[0][1]
+        if first_offset < 0:
+            raise ValidationError(f"queue offset {first_offset} must not be negative")
+        for index, (raw, queue_offset, _timestamp, _tag) in enumerate(records):
+            if queue_offset != first_offset + index:
+                raise ValidationError(
+                    f"a batch for {self.topic}/{self.queue_id} must hold consecutive offsets: {queue_offset} "
+                    f"follows {first_offset + index - 1}"
+                )
+            self._validate_record(raw, queue_offset)
+        if self.consume_queue.is_empty:
+            if self.commit_log.pending_bytes or self.consume_queue.pending_bytes:
+                raise ValidationError(f"{self}: buffered bytes without a consume-queue segment")
+            self.consume_queue.reset_initial_queue_offset(first_offset)
+        elif first_offset != self.append_offset:
+            raise ValidationError(
+                f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {first_offset}"
+            )
+        await self.commit_log.try_rolling(self.clock())
+        sizes = [len(record[0]) for record in records]
+        first_physical = self.commit_log.append_offset
+        start = 0
+        while start < len(records):
+            count = min(
+                self.commit_log.fitting(sizes[start:]),
+                self.consume_queue.fitting([UNIT_SIZE] * (len(records) - start)),
+            )
+            await self._append_run(records[start : start + count], sum(sizes[start : start + count]))
+            start += count
+        return first_physical
+
+    async def _append_run(self, records: Sequence[BatchRecord], size: int) -> None:
+        """Buffer records that all go to the current (or next) segment of both files."""
+        timestamps = [record[2] for record in records]
+        oldest, newest = min(timestamps), max(timestamps)
+        # Both files start, roll or commit first if they must, so the appends below only buffer: a
+        # failure there can never leave records in the commit log without their units.
+        await self.consume_queue.prepare_append(len(records) * UNIT_SIZE, oldest)
+        await self.commit_log.prepare_append(size, oldest)
+        physical_offset = self.commit_log.append_offset
+        data = bytearray().join(record[0] for record in records)
+        units = bytearray(len(records) * UNIT_SIZE)
+        position = 0
+        for index, (raw, _queue_offset, _timestamp, tag) in enumerate(records):
+            _PHYSICAL_OFFSET.pack_into(data, position + POS_PHYSICAL_OFFSET, physical_offset + position)
+            UNIT_STRUCT.pack_into(units, index * UNIT_SIZE, physical_offset + position, len(raw), tag)
+            position += len(raw)
+        landed = await self.commit_log.append(data, oldest, newest)
+        if landed != physical_offset:
+            raise StorageError(f"{self}: commit log appended at {landed}, expected {physical_offset}")
+        await self.consume_queue.append(units, oldest, newest)
 
     def _validate_record(self, record: bytes, queue_offset: int) -> None:
         if len(record) < MIN_RECORD_SIZE:

@@ -57,7 +57,7 @@ class FlatFileStore:
         self.clock = clock
         self._files: dict[QueueKey, FlatMessageFile] = {}
         self._failed: dict[QueueKey, BaseException] = {}
-        self._creating = asyncio.Lock()
+        self._creating: dict[QueueKey, asyncio.Lock] = {}
 
     def queue_path(self, topic: str, queue_id: int) -> str:
         return queue_path(self.cluster, self.broker, topic, queue_id)
@@ -95,21 +95,39 @@ class FlatFileStore:
         """Queues whose last recovery failed, with the error."""
         return dict(self._failed)
 
-    async def get_or_create(self, topic: str, queue_id: int) -> FlatMessageFile:
-        """The queue's flat file: loaded, recovered from metadata if it exists there, or created."""
-        found = self._files.get((topic, queue_id))
+    async def get_or_create(self, topic: str, queue_id: int, *, start_offset: int = 0) -> FlatMessageFile:
+        """The queue's flat file: loaded, recovered from metadata if it exists there, or created at ``start_offset``.
+
+        Different queues are opened concurrently (the archiver opens many at once on first sight); one
+        queue is opened once however many callers ask.
+        """
+        key = (topic, queue_id)
+        found = self._files.get(key)
         if found is not None:
             return found
         validate_topic(topic)
-        async with self._creating:
-            found = self._files.get((topic, queue_id))
+        lock = self._creating.setdefault(key, asyncio.Lock())
+        async with lock:
+            found = self._files.get(key)
             if found is not None:
                 return found
-            position = await asyncio.to_thread(self.metadata.get_or_create_queue, topic, queue_id)
+            position = await asyncio.to_thread(
+                self.metadata.get_or_create_queue, topic, queue_id, start_offset=start_offset
+            )
             flat_file = self._new_file(position)
-            await flat_file.recover()
-            self._failed.pop((topic, queue_id), None)
-            self._files[(topic, queue_id)] = flat_file
+            path = flat_file.path
+            commit_log_rows, consume_queue_rows = await asyncio.gather(
+                asyncio.to_thread(
+                    self.metadata.list_segments, path, FileType.COMMIT_LOG.value, statuses=RECOVERABLE_STATUSES
+                ),
+                asyncio.to_thread(
+                    self.metadata.list_segments, path, FileType.CONSUME_QUEUE.value, statuses=RECOVERABLE_STATUSES
+                ),
+            )
+            # Rows read here in one round: a queue with no segment rows then recovers without a storage request.
+            await flat_file.recover(commit_log_rows, consume_queue_rows)
+            self._failed.pop(key, None)
+            self._files[key] = flat_file
             return flat_file
 
     # ---- read-only views ---------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from tieredstore.errors import CorruptRecordError
 
 UNIT_SIZE = 20
-_UNIT = struct.Struct(">qiq")
+# commit-log offset, size, tag hash: for writers that pack many units straight into one buffer.
+UNIT_STRUCT = struct.Struct(">qiq")
+_UNIT = UNIT_STRUCT
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import socket
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
 
@@ -124,13 +126,20 @@ class HostAddress:
 
     @classmethod
     def decode(cls, raw: bytes) -> HostAddress:
-        return cls(str(ipaddress.ip_address(raw[:-4])), struct.unpack(">i", raw[-4:])[0])
+        return _decode_host(bytes(raw))
 
     def __str__(self) -> str:
         return f"[{self.ip}]:{self.port}" if self.is_ipv6 else f"{self.ip}:{self.port}"
 
 
 LOCALHOST = HostAddress("127.0.0.1", 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_host(raw: bytes) -> HostAddress:
+    # A commit log holds few distinct hosts, and building an ipaddress object per record dominated decoding.
+    ip = socket.inet_ntoa(raw[:4]) if len(raw) == 8 else str(ipaddress.ip_address(raw[:-4]))
+    return HostAddress(ip, struct.unpack(">i", raw[-4:])[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,10 +358,46 @@ def record_size_at(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
     return size, magic
 
 
-def decode(
+_LONG = struct.Struct(">q")
+_SHORT = struct.Struct(">h")
+_RECONSUME_PREPARED_BODY_LEN = struct.Struct(">iqi")
+
+
+class RecordFields(NamedTuple):
+    """A checked record's fixed fields and where its variable parts lie (positions are absolute in the buffer)."""
+
+    total: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sysflag: int
+    born_timestamp: int
+    born_host_at: int
+    born_host_len: int
+    store_timestamp: int
+    store_host_at: int
+    store_host_len: int
+    reconsume_times: int
+    prepared_tx_offset: int
+    body_at: int
+    body_len: int
+    topic_at: int
+    topic_len: int
+    properties_at: int
+    properties_len: int
+
+
+def verify_record(
     buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True, location: str | None = None
-) -> MessageRecord:
-    """Decode the record at ``pos``; every inconsistency is a CorruptRecordError naming the offset."""
+) -> RecordFields:
+    """Every structural check ``decode`` makes (magic, sizes, lengths, body CRC) without building the record.
+
+    Readers that serve or copy records whole check them with this and decode only when a field is wanted.
+    Every inconsistency is a CorruptRecordError naming the offset.
+    """
 
     def corrupt(reason: str) -> CorruptRecordError:
         return CorruptRecordError(reason, location=location, offset=pos)
@@ -368,59 +413,104 @@ def decode(
     if total < MIN_RECORD_SIZE or total > available:
         raise corrupt(f"record size {total} does not fit the {available} bytes available")
     end = pos + total
-    cur = pos + HEADER_PREFIX.size
+    born_at = pos + HEADER_PREFIX.size
     try:
         born_len = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
-        born_host = HostAddress.decode(bytes(buf[cur : cur + born_len]))
-        cur += born_len
-        (store_ts,) = struct.unpack_from(">q", buf, cur)
-        cur += 8
+        cur = born_at + born_len
+        (store_ts,) = _LONG.unpack_from(buf, cur)
+        store_at = cur + 8
         store_len = 20 if sysflag & SYSFLAG_STOREHOST_V6 else 8
-        store_host = HostAddress.decode(bytes(buf[cur : cur + store_len]))
-        cur += store_len
-        reconsume, prepared, body_len = struct.unpack_from(">iqi", buf, cur)
+        cur = store_at + store_len
+        reconsume, prepared, body_len = _RECONSUME_PREPARED_BODY_LEN.unpack_from(buf, cur)
         cur += 16
         if body_len < 0 or cur + body_len > end:
             raise corrupt(f"body length {body_len} runs past the record end")
-        body = bytes(buf[cur : cur + body_len])
+        body_at = cur
         cur += body_len
         if magic == MAGIC_V2:
-            (topic_len,) = struct.unpack_from(">h", buf, cur)
+            (topic_len,) = _SHORT.unpack_from(buf, cur)
             cur += 2
         else:
-            (topic_len,) = struct.unpack_from(">b", buf, cur)
+            topic_len = int.from_bytes(buf[cur : cur + 1], "big", signed=True)
             cur += 1
         if topic_len < 0 or cur + topic_len > end:
             raise corrupt(f"topic length {topic_len} runs past the record end")
-        topic = bytes(buf[cur : cur + topic_len]).decode("utf-8")
+        topic_at = cur
         cur += topic_len
-        (props_len,) = struct.unpack_from(">h", buf, cur)
+        (props_len,) = _SHORT.unpack_from(buf, cur)
         cur += 2
-        if props_len < 0 or cur + props_len != end:
-            raise corrupt(f"properties length {props_len} does not end at the record size {total}")
-        properties = decode_properties(bytes(buf[cur : cur + props_len]))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+    except struct.error as exc:
         raise corrupt(f"undecodable record: {exc}") from exc
-    if check_crc and body_crc(body) != crc:
-        raise corrupt(f"body CRC mismatch: stored {crc}, computed {body_crc(body)}")
+    if props_len < 0 or cur + props_len != end:
+        raise corrupt(f"properties length {props_len} does not end at the record size {total}")
+    if check_crc:
+        computed = zlib.crc32(memoryview(buf)[body_at : body_at + body_len]) & 0x7FFFFFFF
+        if computed != crc:
+            raise corrupt(f"body CRC mismatch: stored {crc}, computed {computed}")
+    return RecordFields(
+        total,
+        magic,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sysflag,
+        born_ts,
+        born_at,
+        born_len,
+        store_ts,
+        store_at,
+        store_len,
+        reconsume,
+        prepared,
+        body_at,
+        body_len,
+        topic_at,
+        topic_len,
+        cur,
+        props_len,
+    )
+
+
+def decode(
+    buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True, location: str | None = None
+) -> MessageRecord:
+    """Decode the record at ``pos``; every inconsistency is a CorruptRecordError naming the offset."""
+    fields = verify_record(buf, pos, check_crc=check_crc, location=location)
+    try:
+        born_host = _decode_host(bytes(buf[fields.born_host_at : fields.born_host_at + fields.born_host_len]))
+        store_host = _decode_host(bytes(buf[fields.store_host_at : fields.store_host_at + fields.store_host_len]))
+        topic = bytes(buf[fields.topic_at : fields.topic_at + fields.topic_len]).decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"undecodable record: {exc}", location=location, offset=pos) from exc
+    properties_at = fields.properties_at
     return MessageRecord(
         topic=topic,
-        queue_id=queue_id,
-        body=body,
-        properties=properties,
-        queue_offset=queue_offset,
-        physical_offset=physical_offset,
-        flag=flag,
-        sysflag=sysflag,
-        born_timestamp=born_ts,
+        queue_id=fields.queue_id,
+        body=bytes(buf[fields.body_at : fields.body_at + fields.body_len]),
+        properties=decode_properties(bytes(buf[properties_at : properties_at + fields.properties_len])),
+        queue_offset=fields.queue_offset,
+        physical_offset=fields.physical_offset,
+        flag=fields.flag,
+        sysflag=fields.sysflag,
+        born_timestamp=fields.born_timestamp,
         born_host=born_host,
-        store_timestamp=store_ts,
+        store_timestamp=fields.store_timestamp,
         store_host=store_host,
-        reconsume_times=reconsume,
-        prepared_tx_offset=prepared,
-        body_crc=crc,
-        magic=magic,
+        reconsume_times=fields.reconsume_times,
+        prepared_tx_offset=fields.prepared_tx_offset,
+        body_crc=fields.body_crc,
+        magic=fields.magic,
     )
+
+
+def property_value(buf: bytes | memoryview, fields: RecordFields, name: str) -> str | None:
+    """One property of a checked record (as ``decode(...).properties.get(name)``), parsing only when it is there."""
+    raw = bytes(buf[fields.properties_at : fields.properties_at + fields.properties_len])
+    if name.encode("utf-8") + b"\x01" not in raw:
+        return None
+    return decode_properties(raw).get(name)
 
 
 def rewrite_physical_offset(raw: bytes, offset: int) -> bytes:
@@ -436,6 +526,43 @@ def store_timestamp_of(raw: bytes | memoryview, pos: int = 0) -> int:
     born_len = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
     (ts,) = struct.unpack_from(">q", raw, pos + POS_BORN_HOST + born_len)
     return int(ts)
+
+
+def properties_raw_of(raw: bytes | memoryview, pos: int = 0) -> bytes:
+    """The PROPERTIES bytes of the record at ``pos``, found from its length fields without decoding the rest.
+
+    Raises CorruptRecordError when the length fields do not fit the record.
+    """
+    try:
+        total, magic, _crc, _queue_id, _flag, _queue_offset, _physical, sysflag, _born = HEADER_PREFIX.unpack_from(
+            raw, pos
+        )
+        cur = pos + HEADER_PREFIX.size + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8) + 8
+        cur += (20 if sysflag & SYSFLAG_STOREHOST_V6 else 8) + 12
+        (body_len,) = struct.unpack_from(">i", raw, cur)
+        cur += 4 + body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = struct.unpack_from(">h", raw, cur)
+            cur += 2 + topic_len
+        else:
+            cur += 1 + raw[cur]
+        (props_len,) = struct.unpack_from(">h", raw, cur)
+    except (struct.error, IndexError) as exc:
+        raise CorruptRecordError(f"undecodable record: {exc}", offset=pos) from exc
+    cur += 2
+    if pos + total > len(raw):
+        raise CorruptRecordError(f"record size {total} does not fit the {len(raw) - pos} bytes available", offset=pos)
+    if body_len < 0 or props_len < 0 or cur + props_len != pos + total:
+        raise CorruptRecordError(f"properties length {props_len} does not end at the record size {total}", offset=pos)
+    return bytes(raw[cur : cur + props_len])
+
+
+def index_keys_of(raw: bytes | memoryview, pos: int = 0) -> tuple[str, ...]:
+    """The keys a message is indexed by — its KEYS, then its UNIQ_KEY — as ``decode`` would give them, cheaply."""
+    properties = decode_properties(properties_raw_of(raw, pos))
+    keys = [key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key]
+    unique_key = properties.get(PROPERTY_UNIQ_KEY)
+    return (*keys, unique_key) if unique_key else tuple(keys)
 
 
 def iter_records(
