@@ -43,8 +43,8 @@ from tieredstore.runtime import open_runtime
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(900 if FULL_SCALE else 300)]
 
 ISSUE_RATES = FaultRates(internal_error=0.05, slow_down=0.02, reset=0.01)
-FAULT_MESSAGES = 200_000 if FULL_SCALE else 60_000
-OUTAGE_SECONDS = 30.0 if FULL_SCALE else 8.0
+FAULT_MESSAGES = 200_000 if FULL_SCALE else 100_000
+OUTAGE_SECONDS = 30.0 if FULL_SCALE else 10.0
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ recovery first, as the next archiver would run it): exactly once, byte-identical
 PHYSICALOFFSET, contiguous, and further along than at the previous check. At the end the producer
 stops, one ``run --once`` finishes, and every acknowledged put must be archived exactly once.
 
-Scaled (see ``archiver_run.py``): 30 kills of each by default, 100 of each at full scale.
+Scaled (see ``archiver_run.py``): 50 kills of each by default, 100 of each at full scale.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tieredstore.runtime import open_hot_store
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800 if FULL_SCALE else 300)]
 
-KILLS_EACH = 100 if FULL_SCALE else 30
+KILLS_EACH = 100 if FULL_SCALE else 50
 CHECK_EVERY = 10  # archiver kills between two checks of the archive
 
 
