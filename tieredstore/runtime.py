@@ -97,6 +97,9 @@ class Runtime:
     index: IndexService
     metrics: Metrics
     hot: LocalMessageStore | None
+    # False for a reader beside the archiver: cold queues are read through read-only views and the
+    # key index is only queried, because recovery and index maintenance write what the archiver owns.
+    cold_owner: bool = True
 
 
 @asynccontextmanager
@@ -108,11 +111,14 @@ async def open_runtime(
     recover: bool = True,
     metrics: Metrics | None = None,
     hot_mode: HotMode = "writer",
+    cold_owner: bool = True,
 ) -> AsyncIterator[Runtime]:
     """Open metadata, the cold provider, the flat file store, the key index and (``hot``) the hot store.
 
     ``hot_mode`` is ``open_hot_store``'s ``mode``. ``recover`` loads and corrects every queue the
-    metadata knows before yielding. Everything is closed in reverse order on exit, also when opening
+    metadata knows before yielding. ``cold_owner=False`` opens the cold side for reading only (no
+    recovery, a read-only key index), which is what every process but the archiver must do.
+    Everything is closed in reverse order on exit, also when opening
     a later part fails.
     """
     async with AsyncExitStack() as stack:
@@ -131,7 +137,7 @@ async def open_runtime(
             broker=config.broker,
             settings=flat_file_settings(config),
         )
-        if recover:
+        if recover and cold_owner:
             await flat.recover()
         index = IndexService(
             config.data_dir / "index",
@@ -140,6 +146,7 @@ async def open_runtime(
             broker=config.broker,
             catalogue=MetadataIndexCatalogue(metadata, index_path(config.cluster, config.broker)),
             settings=config.index,
+            read_only=not cold_owner,
         )
         await index.start()
         stack.push_async_callback(index.close)
@@ -151,4 +158,5 @@ async def open_runtime(
             index=index,
             metrics=metrics or Metrics(),
             hot=hot_store,
+            cold_owner=cold_owner,
         )

@@ -60,8 +60,9 @@ class AsyncTieredMessageStore:
 
     Build it on an opened ``Runtime`` (the composition root), or with ``open(config)``, which opens
     and closes the runtime too. ``read_policy`` overrides ``config.read.read_policy``;
-    ``hot_in_memory_bytes`` and ``cache_clock`` are passed to the MessageFetcher. Without a hot store
-    it reads cold queues through read-only views, never through ``runtime.flat``'s recovered ones.
+    ``hot_in_memory_bytes`` and ``cache_clock`` are passed to the MessageFetcher. Unless the runtime
+    owns the cold side, it reads cold queues through read-only views, never through
+    ``runtime.flat``'s recovered ones.
     """
 
     def __init__(
@@ -83,7 +84,7 @@ class AsyncTieredMessageStore:
             settings=settings,
             metrics=runtime.metrics,
             hot_in_memory_bytes=hot_in_memory_bytes,
-            read_only_cold=runtime.hot is None,
+            read_only_cold=not runtime.cold_owner,
             **extra,
         )
 
@@ -99,15 +100,19 @@ class AsyncTieredMessageStore:
         hot_in_memory_bytes: int | None = None,
         cache_clock: Callable[[], float] | None = None,
         hot_retention_interval: float | None = None,
+        owns_cold: bool = False,
     ) -> AsyncIterator[AsyncTieredMessageStore]:
-        """Open the runtime (``hot=False``: cold storage only, read-only) and a store on it; both close on exit.
+        """Open the runtime and a store on it; both close on exit.
 
-        Only a store with its hot store recovers the cold queues at open (it may run the archiver
-        in-process on ``store.runtime``); a cold-only store leaves them to the archiver that owns them.
+        The store reads cold storage and never writes it: the archiver process owns the cold side, and
+        recovery or key-index maintenance here would cut bytes it committed but has not recorded yet.
+        ``owns_cold=True`` is for a process that archives in-process on ``store.runtime`` (tests, an
+        embedded single-process setup): then cold queues are recovered at open and the index is writable.
+        ``hot=False`` opens cold storage only.
 
         ``hot_retention_interval`` (seconds) runs ``delete_expired_hot`` that often in the background.
         """
-        async with open_runtime(config, hot=hot, recover=hot, metrics=metrics) as runtime:
+        async with open_runtime(config, hot=hot, recover=owns_cold, cold_owner=owns_cold, metrics=metrics) as runtime:
             store = cls(
                 runtime, read_policy=read_policy, hot_in_memory_bytes=hot_in_memory_bytes, cache_clock=cache_clock
             )
@@ -371,6 +376,7 @@ class TieredMessageStore:
         read_policy: ReadPolicy | None = None,
         hot_in_memory_bytes: int | None = None,
         cache_clock: Callable[[], float] | None = None,
+        owns_cold: bool = False,
     ) -> None:
         try:
             asyncio.get_running_loop()
@@ -388,6 +394,7 @@ class TieredMessageStore:
             read_policy=read_policy,
             hot_in_memory_bytes=hot_in_memory_bytes,
             cache_clock=cache_clock,
+            owns_cold=owns_cold,
         )
         try:
             self.store = self._runner.run(self._opener.__aenter__())

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from tests.read.helpers import archive_hot, make_config
+from tieredstore.errors import ReadOnlyError
 from tieredstore.fetcher import GetMessageStatus
 from tieredstore.formats.naming import FileType, queue_path
 from tieredstore.store import AsyncTieredMessageStore
@@ -29,7 +32,7 @@ async def test_cold_only_store_sees_later_commits_and_never_modifies_cold_storag
     reader_config = make_config(
         tmp_path / "reader", cold_url=str(cold_dir), metadata_url=archiver_config.effective_metadata_url
     )
-    async with AsyncTieredMessageStore.open(archiver_config) as archiver:
+    async with AsyncTieredMessageStore.open(archiver_config, owns_cold=True) as archiver:
         for n in range(50):
             await archiver.put_message(TOPIC, 0, f"first {n}".encode())
         for n in range(10):
@@ -68,3 +71,38 @@ async def test_cold_only_store_sees_later_commits_and_never_modifies_cold_storag
             assert await reader.offset_for_timestamp(TOPIC, 0, 0) == 0
         assert cold_listing(cold_dir) == after_commit
         assert after_commit[str(last_segment.relative_to(cold_dir))] == before[str(last_segment.relative_to(cold_dir))]
+
+
+async def test_a_producer_facade_beside_the_archiver_never_writes_cold_storage_or_the_index(tmp_path: Path) -> None:
+    """The application owns the hot store and the archiver process follows it: opening (or re-opening) the
+    application's store must not recover cold queues or maintain the key index, which would cut bytes the
+    archiver committed but has not recorded yet, or delete its in-progress index files."""
+    from tieredstore.dispatcher import Dispatcher
+    from tieredstore.runtime import open_runtime
+
+    config = make_config(tmp_path)
+    cold_dir = config.data_dir / "cold"
+    async with AsyncTieredMessageStore.open(config) as producer:
+        for n in range(40):
+            await producer.put_message(TOPIC, 0, f"order {n}".encode(), keys=[f"order-{n}"])
+    async with open_runtime(config, hot_mode="follower") as archiver_runtime:
+        result = await Dispatcher.from_runtime(archiver_runtime, settings=config.archiver).run_once()
+        assert result.stats.messages == 40
+    # The archiver is mid-commit: commit-log bytes not yet recorded, and a compaction's temporary file.
+    commit_log_dir = cold_dir / queue_path(config.cluster, config.broker, TOPIC, 0) / FileType.COMMIT_LOG.value
+    last_segment = max(commit_log_dir.iterdir(), key=lambda p: p.name[8:])
+    with last_segment.open("ab") as handle:
+        handle.write(b"\x00" * 211)
+    in_progress = config.data_dir / "index" / "00000000000000000007.compacted.tmp"
+    in_progress.write_bytes(b"half a compaction")
+    before = cold_listing(cold_dir)
+
+    async with AsyncTieredMessageStore.open(config, read_policy="FORCE") as producer:
+        found = await producer.get_messages(TOPIC, 0, 0, max_count=100)
+        assert [m.body for m in found.messages] == [f"order {n}".encode() for n in range(40)]
+        hits = await producer.query_by_key(TOPIC, "order-17")
+        assert [m.body for m in hits] == [b"order 17"]
+        with pytest.raises(ReadOnlyError):
+            await producer.runtime.index.maintain()
+    assert cold_listing(cold_dir) == before, "the facade changed cold storage"
+    assert in_progress.read_bytes() == b"half a compaction", "the facade touched the archiver's index directory"

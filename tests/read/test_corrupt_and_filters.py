@@ -52,7 +52,7 @@ async def test_a_flipped_byte_in_a_committed_record_is_a_typed_error_naming_it(
     tmp_path: Path, provider_factory: ProviderBackend, request: pytest.FixtureRequest
 ) -> None:
     config = config_for_backend(tmp_path, provider_factory)
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         records = [make_record(TOPIC, 2, n, body=bytes([n]) * 100) for n in range(20)]
         flat_file = await append_records(store.runtime, TOPIC, 2, records, commit_every=8)
         segment = flat_file.commit_log.segments[0]

@@ -28,7 +28,7 @@ async def test_keys_are_found_across_unsealed_and_uploaded_files_and_after_a_res
     config = make_config(
         tmp_path, metadata_url=migrated_metadata_url, index={"index_max_items": 6, "index_slot_count": 8}
     )
-    async with AsyncTieredMessageStore.open(config) as store:
+    async with AsyncTieredMessageStore.open(config, owns_cold=True) as store:
         for n in range(20):
             await store.put_message(
                 TOPIC,
@@ -65,7 +65,7 @@ async def test_keys_are_found_across_unsealed_and_uploaded_files_and_after_a_res
 async def test_colliding_keys_are_told_apart_by_the_real_keys(tmp_path: Path) -> None:
     assert java_string_hash(f"{TOPIC}#Aa") == java_string_hash(f"{TOPIC}#BB")
     config = make_config(tmp_path, index={"index_max_items": 4, "index_slot_count": 4})
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         records = [make_record(TOPIC, 0, n, keys=("Aa" if n % 2 else "BB",)) for n in range(10)]
         await append_records(store.runtime, TOPIC, 0, records)
         await store.runtime.index.maintain()
@@ -76,7 +76,7 @@ async def test_colliding_keys_are_told_apart_by_the_real_keys(tmp_path: Path) ->
 
 async def test_a_query_window_spanning_two_files_finds_hits_in_both(tmp_path: Path) -> None:
     config = make_config(tmp_path, index={"index_max_items": 5, "index_slot_count": 4})
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         # file 1 holds items stored at T+0..T+400, file 2 T+500..T+900, file 3 T+1000..
         records = [
             make_record(TOPIC, 0, n, store_timestamp=BASE_TIMESTAMP + 100 * n, keys=("shared",)) for n in range(12)
@@ -112,14 +112,14 @@ async def test_restart_mid_compaction_through_the_facade(
         raise OSError("killed during compaction")
 
     monkeypatch.setattr("tieredstore.index.service.compact_file", crash_half_way)
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         records = [make_record(TOPIC, 0, n, keys=(f"k{n % 3}",), unique_key=f"u{n}") for n in range(8)]
         await append_records(store.runtime, TOPIC, 0, records)
         with pytest.raises(OSError, match="killed"):
             await store.runtime.index.maintain()
     assert sorted(_index_rows(migrated_metadata_url)) == sorted([RowStatus.SEALED] * 3 + [RowStatus.UNSEALED])
     monkeypatch.setattr("tieredstore.index.service.compact_file", compact_file)
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         assert not list((tmp_path / "data" / "index").glob("*.tmp"))
         before = [m.queue_offset for m in await store.query_by_key(TOPIC, "k1", 100)]
         assert sorted(before) == [1, 4, 7]

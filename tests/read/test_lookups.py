@@ -40,7 +40,7 @@ async def test_offset_for_timestamp_in_cold_storage_with_equal_timestamps(tmp_pa
 
 async def test_offset_for_timestamp_spans_the_cold_and_hot_tiers(tmp_path: Path) -> None:
     config = make_config(tmp_path, hot={"commit_log_file_size": 48 * 1024, "hot_retention_hours": 0})
-    async with AsyncTieredMessageStore.open(config) as store:
+    async with AsyncTieredMessageStore.open(config, owns_cold=True) as store:
         for n in range(150):
             await store.put_message(TOPIC, 0, bytes(2000))
             if n % 10 == 0:
@@ -65,7 +65,7 @@ async def test_offset_for_timestamp_spans_the_cold_and_hot_tiers(tmp_path: Path)
 
 
 async def test_look_message_by_offset_in_the_hot_store_and_in_a_cold_commit_log(tmp_path: Path) -> None:
-    async with AsyncTieredMessageStore.open(make_config(tmp_path)) as store:
+    async with AsyncTieredMessageStore.open(make_config(tmp_path), owns_cold=True) as store:
         puts = [await store.put_message(TOPIC, 3, f"body {n}".encode(), keys=[f"k{n}"]) for n in range(10)]
         hot = store.runtime.hot
         assert hot is not None
@@ -101,7 +101,7 @@ async def test_look_message_by_offset_in_the_hot_store_and_in_a_cold_commit_log(
 
 def test_the_sync_wrapper_runs_every_call_on_its_own_loop(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    with TieredMessageStore(config) as store:
+    with TieredMessageStore(config, owns_cold=True) as store:
         for n in range(5):
             store.put_message(TOPIC, 0, f"m{n}".encode(), keys=[f"key{n}"], tags="T")
         result = store.get_messages(TOPIC, 0, 0, 10)

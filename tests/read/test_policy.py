@@ -25,7 +25,7 @@ async def three_ranges(
     """[0, low) only in cold storage; [low, 150) in both tiers; [150, 170) only in the hot store."""
     config = make_config(tmp_path, hot={"commit_log_file_size": 48 * 1024, "hot_retention_hours": 0})
     with counting_reads(monkeypatch) as reads:
-        async with AsyncTieredMessageStore.open(config) as store:
+        async with AsyncTieredMessageStore.open(config, owns_cold=True) as store:
             for n in range(150):
                 await store.put_message(TOPIC, 0, bytes([n]) * 2000, keys=[f"k{n}"])
             await archive_hot(store.runtime, TOPIC, 0)

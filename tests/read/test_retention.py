@@ -30,7 +30,7 @@ async def test_expired_segments_go_from_storage_then_metadata_and_min_offsets_mo
         segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
         index={"index_max_items": 30, "index_slot_count": 16},
     )
-    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         runtime = store.runtime
         await asyncio.to_thread(runtime.metadata.get_or_create_topic, "TopicA", reserve_hours=24)
         await asyncio.to_thread(runtime.metadata.get_or_create_topic, "TopicB", reserve_hours=72)

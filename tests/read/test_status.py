@@ -30,7 +30,7 @@ async def queue_on_one_tier(tmp_path: Path, tier: str) -> AsyncIterator[tuple[As
         tmp_path,
         hot={"commit_log_file_size": 48 * 1024, "hot_retention_hours": 0},
     )
-    async with AsyncTieredMessageStore.open(config, read_policy=ReadPolicy.DISABLE) as store:
+    async with AsyncTieredMessageStore.open(config, read_policy=ReadPolicy.DISABLE, owns_cold=True) as store:
         for n in range(4):
             await store.put_message(TOPIC, 1, b"early" * 10, keys=[f"e{n}"])
         for n in range(150):
@@ -113,7 +113,7 @@ async def test_a_consumer_walks_the_whole_queue_by_next_offsets(tmp_path: Path, 
 
 async def test_an_offset_no_tier_holds_is_found_null_and_points_past_the_gap(tmp_path: Path) -> None:
     config = make_config(tmp_path, hot={"commit_log_file_size": 48 * 1024, "hot_retention_hours": 0})
-    async with AsyncTieredMessageStore.open(config) as store:
+    async with AsyncTieredMessageStore.open(config, owns_cold=True) as store:
         for n in range(150):
             await store.put_message(TOPIC, 0, bytes(2000), keys=[f"k{n}"])
         # only the first 10 were archived before the hot store dropped its old files: a gap

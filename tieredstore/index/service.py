@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tieredstore.config import IndexSettings
-from tieredstore.errors import IntegrityError, ValidationError
+from tieredstore.errors import IntegrityError, ReadOnlyError, ValidationError
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index.file import (
     CompactedIndexFile,
@@ -220,6 +220,7 @@ class IndexService:
         settings: IndexSettings | None = None,
         upload_chunk_size: int = 8 * MIB,
         clock: Callable[[], int] = _now_ms,
+        read_only: bool = False,
     ) -> None:
         if upload_chunk_size < 1:
             raise ValidationError(f"upload_chunk_size must be positive, got {upload_chunk_size}")
@@ -236,6 +237,8 @@ class IndexService:
         self._write_lock = asyncio.Lock()
         self._maintain_lock = asyncio.Lock()
         self._started = False
+        # A reader beside the archiver that owns the directory: queries only, nothing on disk is touched.
+        self.read_only = read_only
 
     # ---- paths --------------------------------------------------------------------------------------
 
@@ -248,9 +251,25 @@ class IndexService:
     # ---- start and stop -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Recover from the catalogue and the index directory; resumes any interrupted seal/compact/upload."""
-        await asyncio.to_thread(self._recover)
+        """Recover from the catalogue and the index directory; resumes any interrupted seal/compact/upload.
+
+        A read-only service only loads the catalogue: the archiver that owns the directory does the rest.
+        """
+        await asyncio.to_thread(self._reload_catalogue if self.read_only else self._recover)
         self._started = True
+
+    def _reload_catalogue(self) -> None:
+        """Read-only: take the catalogue as the owner last wrote it (new files, seals, uploads, deletions)."""
+        records = {record.file_id: record for record in self._catalogue.list_files()}
+        for file_id in [
+            f for f in self._readers if records.get(f) is None or records[f].status is IndexFileStatus.UPLOAD
+        ]:
+            self._readers.pop(file_id).close()
+        self._records = records
+
+    def _refuse_if_read_only(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"cannot {what}: this index service reads a directory another process owns")
 
     def _recover(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -324,6 +343,7 @@ class IndexService:
         Call after the entries' commit succeeded. A full or old current file is sealed and a new one
         started; sealed files go to cold storage on ``maintain``.
         """
+        self._refuse_if_read_only("index messages")
         self._require_started()
         batch = list(entries)
         async with self._write_lock:
@@ -403,6 +423,7 @@ class IndexService:
         A storage error stops the pass and is raised; everything done so far is recorded, and the
         next pass carries on from there.
         """
+        self._refuse_if_read_only("seal, compact or upload index files")
         self._require_started()
         async with self._maintain_lock:
             async with self._write_lock:
@@ -482,6 +503,7 @@ class IndexService:
         Cold bytes go first, then local files, then the record, so an interrupted deletion is finished
         by the next call instead of leaving a record that points at nothing.
         """
+        self._refuse_if_read_only("delete index files")
         self._require_started()
         removed = []
         async with self._maintain_lock, self._write_lock:
@@ -521,8 +543,13 @@ class IndexService:
         if not key:
             raise ValidationError("the key to look up is empty")
         hash_value = key_hash(topic, key)
-        candidates = [record for record in self.files() if record.overlaps(begin_timestamp, end_timestamp)]
-        candidates.sort(key=lambda record: (record.end_timestamp, record.file_id), reverse=True)
+        if self.read_only:
+            await asyncio.to_thread(self._reload_catalogue)
+        candidates = [record for record in self.files() if self._may_hold(record, begin_timestamp, end_timestamp)]
+        # A file still being filled has no end timestamp in the catalogue yet: it is the newest.
+        candidates.sort(
+            key=lambda r: (r.end_timestamp if r.end_timestamp is not None else 2**63, r.file_id), reverse=True
+        )
         hits: list[IndexHit] = []
         seen: set[tuple[int, int]] = set()
         for candidate in candidates:
@@ -539,6 +566,13 @@ class IndexService:
                     return hits
         return hits
 
+    def _may_hold(self, record: IndexFileRecord, begin_timestamp: int, end_timestamp: int) -> bool:
+        # A reader cannot see the live counts of a file the owner is still filling: its catalogue
+        # record's time range is stale, so such a file is always a candidate.
+        if self.read_only and record.status is IndexFileStatus.UNSEALED:
+            return record.begin_timestamp is None or record.begin_timestamp <= end_timestamp
+        return record.overlaps(begin_timestamp, end_timestamp)
+
     async def _lookup_file(self, file_id: int, hash_value: int) -> list[IndexItem]:
         """Items with ``hash_value`` in one file, read from wherever the file is now."""
         async with self._write_lock:
@@ -549,7 +583,17 @@ class IndexService:
             if record is None:
                 return []  # deleted by retention while the query ran
             if record.status is not IndexFileStatus.UPLOAD:
-                return self._local_reader(record).lookup(hash_value)
+                try:
+                    return self._local_reader(record).lookup(hash_value)
+                except FileNotFoundError:
+                    if not self.read_only:
+                        raise
+            if self.read_only and record.status is not IndexFileStatus.UPLOAD:
+                # The owner uploaded it and removed the local file since the catalogue was read.
+                self._reload_catalogue()
+                record = self._records.get(file_id)
+                if record is None or record.status is not IndexFileStatus.UPLOAD:
+                    return []
         segment = self.provider.segment(FileType.INDEX, self.index_path, file_id, commit_position=record.size)
         return await lookup_segment(segment, record.compacted_header(), hash_value)
 
