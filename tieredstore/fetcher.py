@@ -26,10 +26,17 @@ message. The records are split by their consume-queue units; each is checked (si
 CRC, queue offset) when it is served, so a corrupt record is a ``CorruptRecordError`` naming its
 topic, queue and offset, and a corrupt record further ahead does not fail an earlier batch.
 
-**Read-ahead cache.** Records read ahead are kept under (topic, queue, offset), bounded in bytes
-(``read_ahead_cache_bytes``, each entry weighing its record's size) and expiring ``read_ahead_ttl``
-after their last access. While the cache holds more than 80% of its bound, misses read only what
-the request needs and add nothing to it. Hits, misses and evictions (by size or by age) are metrics.
+**Read-ahead cache.** Each read ahead is kept as one entry, a ``ReadAheadBatch`` (the commit-log
+bytes as read, with each record's consume-queue unit), under (topic, queue, first offset): one cache
+operation per read ahead, not per record. The cache is bounded in bytes (``read_ahead_cache_bytes``,
+each batch weighing its bytes) and a batch expires ``read_ahead_ttl`` after its last access (a hit on
+any of its records renews it). While the cache holds more than 80% of its bound, misses read only
+what the request needs and add nothing to it. Hits and misses are metrics, and so are evictions (by
+size or by age), counted in records.
+
+**Checks and decoding.** Every record served is checked (size, magic, body CRC, topic, queue and
+queue offset) by ``verify_record`` without building it; ``FetchedMessage.record`` decodes it (hosts,
+properties) on first access, so a consumer that wants the bytes or the body pays for no more.
 
 **Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
 that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
@@ -47,10 +54,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import os
 import struct
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -76,9 +85,9 @@ from tieredstore.formats.message import (
     MAGIC_V2,
     MIN_RECORD_SIZE,
     MessageRecord,
-    body_crc,
     decode,
     java_string_hash,
+    verify_record,
 )
 from tieredstore.formats.naming import FileType, validate_topic
 from tieredstore.local.store import LocalMessageStore
@@ -139,18 +148,33 @@ class MessageFilter:
 
 @dataclass(frozen=True, slots=True)
 class FetchedMessage:
-    """One message as served: where it is, which tier served it, its raw record bytes and decoded view."""
+    """One message as served: where it is, which tier served it, its raw record bytes and decoded view.
+
+    The bytes were checked when the message was served; ``decoded`` is the decoded record when the
+    server already had it, otherwise ``record`` decodes it on first access.
+    """
 
     topic: str
     queue_id: int
     queue_offset: int
     tier: Tier
     raw: bytes = field(repr=False)
-    record: MessageRecord = field(repr=False)
+    decoded: MessageRecord | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def record(self) -> MessageRecord:
+        record = self.decoded
+        if record is None:
+            record = decode(self.raw, check_crc=False)
+            object.__setattr__(self, "decoded", record)
+        return record
 
     @property
     def body(self) -> bytes:
-        return self.record.body
+        if self.decoded is not None:
+            return self.decoded.body
+        fields = verify_record(self.raw, check_crc=False)
+        return self.raw[fields.body_at : fields.body_at + fields.body_len]
 
     @property
     def keys(self) -> list[str]:
@@ -195,30 +219,69 @@ class _Stored:
 # ---- the read-ahead cache ----------------------------------------------------------------------------
 
 
-class _ByteTTLCache(cachetools.TTLCache[tuple[str, int, int], _Stored]):
-    """A TTLCache weighing entries by record size that reports every eviction and expiry."""
+@dataclass(frozen=True, slots=True)
+class ReadAheadBatch:
+    """The records of one commit-log range read: the bytes as read and each record's consume-queue unit.
 
-    def __init__(self, max_bytes: int, ttl: float, timer: Callable[[], float], on_evict: Callable[[int], None]):
-        super().__init__(maxsize=max_bytes, ttl=ttl, timer=timer, getsizeof=lambda stored: len(stored.raw))
+    The record at queue offset ``first_offset + i`` is ``units[i]``'s slice of ``data``, which starts at
+    ``units[0]``'s commit-log offset. Nothing here is checked yet: each record is when it is served.
+    """
+
+    topic: str
+    queue_id: int
+    first_offset: int
+    data: bytes = field(repr=False)
+    units: Sequence[ConsumeQueueUnit] = field(repr=False)
+
+    @property
+    def end_offset(self) -> int:
+        return self.first_offset + len(self.units)
+
+    def stored(self, queue_offset: int) -> _Stored:
+        """The bytes and unit of the record at ``queue_offset`` (inside the batch)."""
+        unit = self.units[queue_offset - self.first_offset]
+        begin = unit.commitlog_offset - self.units[0].commitlog_offset
+        return _Stored(self.data[begin : begin + unit.size], unit)
+
+    def run(self, offset: int, limit: int) -> list[tuple[int, _Stored]]:
+        """Up to ``limit`` records from ``offset`` to the batch's end."""
+        return [(position, self.stored(position)) for position in range(offset, min(self.end_offset, offset + limit))]
+
+
+_BatchKey = tuple[str, int, int]
+
+
+class _ByteTTLCache(cachetools.TTLCache[_BatchKey, ReadAheadBatch]):
+    """A TTLCache weighing batches by their bytes that reports every batch evicted or expired."""
+
+    def __init__(
+        self,
+        max_bytes: int,
+        ttl: float,
+        timer: Callable[[], float],
+        on_evict: Callable[[list[ReadAheadBatch]], None],
+    ):
+        super().__init__(maxsize=max_bytes, ttl=ttl, timer=timer, getsizeof=lambda batch: len(batch.data))
         self._on_evict = on_evict
 
-    def popitem(self) -> tuple[tuple[str, int, int], _Stored]:
+    def popitem(self) -> tuple[_BatchKey, ReadAheadBatch]:
         key, value = super().popitem()
-        self._on_evict(1)
+        self._on_evict([value])
         return key, value
 
-    def expire(self, time: float | None = None) -> list[tuple[tuple[str, int, int], _Stored]]:
+    def expire(self, time: float | None = None) -> list[tuple[_BatchKey, ReadAheadBatch]]:
         expired = list(super().expire(time))
         if expired:
-            self._on_evict(len(expired))
+            self._on_evict([batch for _, batch in expired])
         return expired
 
 
 class ReadAheadCache:
-    """Records read ahead of a consumer, by (topic, queue id, queue offset); bounded in bytes.
+    """Batches read ahead of a consumer, found by (topic, queue id, queue offset); bounded in bytes.
 
-    An entry expires ``ttl`` seconds after it was last read (a hit renews it). ``max_bytes`` 0 turns
-    the cache off. ``clock`` is injectable for tests (monotonic seconds).
+    A batch expires ``ttl`` seconds after it was last read (a hit renews it). ``max_bytes`` 0 turns
+    the cache off. ``clock`` is injectable for tests (monotonic seconds). Sizes, lengths and the
+    eviction metric count records, as a consumer sees them.
     """
 
     def __init__(
@@ -232,7 +295,12 @@ class ReadAheadCache:
         self.max_bytes = max_bytes
         self.ttl = ttl
         self.metrics = metrics or Metrics()
-        self._cache = _ByteTTLCache(max(max_bytes, 1), ttl, clock, self.metrics.cache_evictions.inc)
+        self._cache = _ByteTTLCache(max(max_bytes, 1), ttl, clock, self._count_evicted)
+        # Per queue, the [first, end) offsets of the batches put; an entry whose batch has gone is dropped lazily.
+        self._spans: dict[tuple[str, int], dict[int, int]] = {}
+
+    def _count_evicted(self, batches: list[ReadAheadBatch]) -> None:
+        self.metrics.cache_evictions.inc(sum(len(batch.units) for batch in batches))
 
     @property
     def enabled(self) -> bool:
@@ -245,49 +313,71 @@ class ReadAheadCache:
         return int(self._cache.currsize)
 
     def __len__(self) -> int:
+        """Records held now."""
         self._cache.expire()
-        return len(self._cache)
+        return sum(len(batch.units) for batch in self._cache.values())
 
     def over_threshold(self) -> bool:
         """Whether the cache holds more than 80% of its bound: reads then bypass it."""
         return not self.enabled or self.size_bytes > CACHE_BYPASS_RATIO * self.max_bytes
 
     def get_run(self, topic: str, queue_id: int, offset: int, limit: int) -> list[tuple[int, _Stored]]:
-        """Up to ``limit`` consecutive cached records from ``offset``, each one's expiry renewed.
+        """Up to ``limit`` consecutive cached records from ``offset``, renewing the batches they come from.
 
         An empty run (``offset`` not cached) counts one miss; every record returned counts a hit.
         """
         if not self.enabled:
             return []
-        cache = self._cache
         run: list[tuple[int, _Stored]] = []
-        for position in range(offset, offset + limit):
-            key = (topic, queue_id, position)
-            stored = cache.get(key)
-            if stored is None:
+        position = offset
+        while len(run) < limit:
+            batch = self._batch_holding(topic, queue_id, position)
+            if batch is None:
                 break
-            cache[key] = stored  # re-setting renews the TTL: entries expire after their last access
-            run.append((position, stored))
+            # Re-setting renews the TTL: a batch expires after its last access.
+            self._cache[(topic, queue_id, batch.first_offset)] = batch
+            run += batch.run(position, limit - len(run))
+            position = offset + len(run)
         if run:
             self.metrics.cache_hits.inc(len(run))
         else:
             self.metrics.cache_misses.inc()
         return run
 
-    def put(self, key: tuple[str, int, int], stored: _Stored) -> None:
-        if not self.enabled or len(stored.raw) > self.max_bytes:
+    def _batch_holding(self, topic: str, queue_id: int, offset: int) -> ReadAheadBatch | None:
+        spans = self._spans.get((topic, queue_id))
+        if not spans:
+            return None
+        for first, end in list(spans.items()):
+            if first <= offset < end:
+                batch = self._cache.get((topic, queue_id, first))
+                if batch is not None and batch.end_offset == end:
+                    return batch
+                del spans[first]
+        return None
+
+    def put(self, batch: ReadAheadBatch) -> None:
+        """Keep ``batch`` (not when it alone is larger than the whole bound)."""
+        if not self.enabled or len(batch.data) > self.max_bytes or not batch.units:
             return
-        self._cache[key] = stored
+        topic, queue_id = batch.topic, batch.queue_id
+        self._cache[(topic, queue_id, batch.first_offset)] = batch
+        spans = self._spans.setdefault((topic, queue_id), {})
+        for first in [first for first in spans if (topic, queue_id, first) not in self._cache]:
+            del spans[first]
+        spans[batch.first_offset] = batch.end_offset
         self.metrics.cache_bytes.set(self._cache.currsize)
 
     def discard_queue(self, topic: str, queue_id: int) -> None:
-        """Drop every entry of one queue (its cold data changed under the cache)."""
+        """Drop every batch of one queue (its cold data changed under the cache)."""
         for key in [k for k in list(self._cache.keys()) if k[0] == topic and k[1] == queue_id]:
             self._cache.pop(key, None)
+        self._spans.pop((topic, queue_id), None)
         self.metrics.cache_bytes.set(self._cache.currsize)
 
     def clear(self) -> None:
         self._cache.clear()
+        self._spans.clear()
         self.metrics.cache_bytes.set(0)
 
 
@@ -627,7 +717,9 @@ class MessageFetcher:
                 self.cache.get_run(topic, queue_id, position, min(wanted, scan_end - position)) if read_ahead else []
             )
             if not window:
-                window = await self._read_ahead(flat_file, position, scan_end, needed, use_cache=read_ahead)
+                window = await self._read_ahead(
+                    flat_file, position, scan_end, needed, min(wanted, scan_end - position), use_cache=read_ahead
+                )
                 if not window:
                     break
             for queue_offset, stored in window:
@@ -640,9 +732,12 @@ class MessageFetcher:
         return _Batch(messages, position)
 
     async def _read_ahead(
-        self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, *, use_cache: bool
+        self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, limit: int, *, use_cache: bool
     ) -> list[tuple[int, _Stored]]:
-        """One consume-queue read and one commit-log read from ``offset``; caches what it read ahead."""
+        """One consume-queue read and one commit-log read from ``offset``; caches what it read as one batch.
+
+        Returns the first ``limit`` records read (the rest are for later calls, from the cache).
+        """
         bypass = not use_cache or self.cache.over_threshold()
         count = min(needed if bypass else max(needed, self.settings.read_ahead_count), end - offset)
         if count <= 0:
@@ -662,14 +757,10 @@ class MessageFetcher:
         stop = max(unit.commitlog_offset + unit.size for unit in kept)
         raw = await flat_file.read_commit_log(start, stop - start)
         self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
-        window: list[tuple[int, _Stored]] = []
-        for index, unit in enumerate(kept):
-            begin = unit.commitlog_offset - start
-            stored = _Stored(raw[begin : begin + unit.size], unit)
-            window.append((offset + index, stored))
-            if not bypass:
-                self.cache.put((flat_file.topic, flat_file.queue_id, offset + index), stored)
-        return window
+        batch = ReadAheadBatch(flat_file.topic, flat_file.queue_id, offset, raw, kept)
+        if not bypass:
+            self.cache.put(batch)
+        return batch.run(offset, limit)
 
     # ---- splitting, checking and filtering -------------------------------------------------------------
 
@@ -682,11 +773,17 @@ class MessageFetcher:
         tier: Tier,
         message_filter: MessageFilter | None,
     ) -> FetchedMessage | None:
-        """The checked message, or None when the filter rejects it (on its tag hash before decoding)."""
+        """The checked message, or None when the filter rejects it (on its tag hash before decoding).
+
+        Without a filter the record is not decoded here: ``FetchedMessage.record`` does it on first access.
+        """
         if message_filter is not None and not message_filter.may_match(stored.unit.tag_hash):
             return None
-        record = check_record(topic, queue_id, queue_offset, stored.raw, stored.unit, tier)
-        if message_filter is not None and not message_filter.matches(record):
+        verify_served(topic, queue_id, queue_offset, stored.raw, stored.unit, tier)
+        if message_filter is None:
+            return FetchedMessage(topic, queue_id, queue_offset, tier, stored.raw)
+        record = decode(stored.raw, check_crc=False)
+        if not message_filter.matches(record):
             return None
         return FetchedMessage(topic, queue_id, queue_offset, tier, stored.raw, record)
 
@@ -733,10 +830,8 @@ def _hot_matches(
     return stamp >= timestamp if boundary == "lower" else stamp <= timestamp
 
 
-def check_record(
-    topic: str, queue_id: int, queue_offset: int, raw: bytes, unit: ConsumeQueueUnit, tier: Tier
-) -> MessageRecord:
-    """Decode one record split out of a commit-log read, checking size, magic, body CRC and identity.
+def verify_served(topic: str, queue_id: int, queue_offset: int, raw: bytes, unit: ConsumeQueueUnit, tier: Tier) -> None:
+    """Check one record split out of a read without decoding it: size, magic, body CRC and identity.
 
     Any problem is a CorruptRecordError naming the topic, queue and queue offset.
     """
@@ -756,14 +851,36 @@ def check_record(
     if total != unit.size:
         raise corrupt(f"TOTALSIZE {total} but the consume queue says {unit.size}")
     try:
-        record = decode(raw, check_crc=False)
+        fields = verify_record(raw, check_crc=False)
     except CorruptRecordError as exc:
         raise corrupt(str(exc)) from exc
-    if record.body_crc != body_crc(record.body):
-        raise corrupt(f"body CRC mismatch: stored {record.body_crc}, computed {body_crc(record.body)}")
-    if record.topic != topic or record.queue_id != queue_id or record.queue_offset != queue_offset:
-        raise corrupt(f"the record belongs to {record.topic}/{record.queue_id} at queue offset {record.queue_offset}")
-    return record
+    computed = zlib.crc32(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len]) & 0x7FFFFFFF
+    if computed != fields.body_crc:
+        raise corrupt(f"body CRC mismatch: stored {fields.body_crc}, computed {computed}")
+    topic_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]
+    if fields.queue_id != queue_id or fields.queue_offset != queue_offset or topic_raw != _topic_bytes(topic):
+        owner = topic_raw.decode("utf-8", errors="replace")
+        raise corrupt(f"the record belongs to {owner}/{fields.queue_id} at queue offset {fields.queue_offset}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_bytes(topic: str) -> bytes:
+    return topic.encode("utf-8")
+
+
+def check_record(
+    topic: str, queue_id: int, queue_offset: int, raw: bytes, unit: ConsumeQueueUnit, tier: Tier
+) -> MessageRecord:
+    """``verify_served``, then the decoded record. Any problem is a CorruptRecordError naming where."""
+    verify_served(topic, queue_id, queue_offset, raw, unit, tier)
+    try:
+        return decode(raw, check_crc=False)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(
+            f"corrupt record in the {tier} tier (commit-log offset {unit.commitlog_offset}): {exc}",
+            location=f"{topic}/{queue_id}",
+            offset=queue_offset,
+        ) from exc
 
 
 def _validate_queue(topic: str, queue_id: int) -> None:

@@ -27,10 +27,12 @@ from tieredstore.formats.message import (
     encode_properties,
     iter_records,
     java_string_hash,
+    property_value,
     record_size_at,
     rewrite_physical_offset,
     store_timestamp_of,
     tag_hash,
+    verify_record,
 )
 
 FIXTURES = Path("/work/shared/fixtures/rocketmq")
@@ -243,3 +245,48 @@ def test_truncated_or_garbled_records_raise_only_corrupt_record_error(
         return
     # Header and property bytes are outside the CRC, but a body that fails its CRC is never returned.
     assert body_crc(decoded.body) == decoded.body_crc
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.data())
+def test_verify_record_accepts_exactly_what_decode_accepts_and_locates_every_part(
+    record: MessageRecord, data: st.DataObject
+) -> None:
+    raw = record.encode()
+    fields = verify_record(raw)
+    decoded = decode(raw)
+    assert raw[fields.body_at : fields.body_at + fields.body_len] == decoded.body
+    assert raw[fields.topic_at : fields.topic_at + fields.topic_len] == decoded.topic.encode("utf-8")
+    assert (fields.total, fields.queue_id, fields.queue_offset, fields.store_timestamp) == (
+        len(raw),
+        decoded.queue_id,
+        decoded.queue_offset,
+        decoded.store_timestamp,
+    )
+    for name in ("TAGS", "KEYS", "UNIQ_KEY", "absent"):
+        assert property_value(raw, fields, name) == decoded.properties.get(name)
+    garbled = bytearray(raw)
+    garbled[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    try:
+        checked = verify_record(bytes(garbled))
+    except CorruptRecordError:
+        with pytest.raises(CorruptRecordError):
+            decode(bytes(garbled))
+        return
+    topic_raw = bytes(garbled[checked.topic_at : checked.topic_at + checked.topic_len])
+    try:
+        topic_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # The one thing verify leaves to the reader, who compares the topic bytes with the topic it expects.
+        with pytest.raises(CorruptRecordError):
+            decode(bytes(garbled))
+    else:
+        decode(bytes(garbled))
+
+
+def test_hosts_decode_as_the_fixture_documents_them(java_log: bytes) -> None:
+    first, second = decode(java_log, 0), decode(java_log, 172)
+    assert HostAddress.decode(first.born_host.encode()) == first.born_host
+    assert first.store_host is second.store_host, "decoded hosts are shared, not rebuilt per record"
+    v6 = HostAddress("2001:db8::7", 10911)
+    assert HostAddress.decode(v6.encode()) == v6

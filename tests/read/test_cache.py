@@ -1,4 +1,5 @@
-"""The read-ahead cache: bounded in bytes, expiring after last access, bypassed above 80% full, with metrics."""
+"""The read-ahead cache: one batch per read ahead, bounded in bytes, expiring after last access, bypassed above
+80% full, with metrics counted in records."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.read.helpers import append_records, config_for_backend, counting_reads, make_record
-from tieredstore.fetcher import ReadAheadCache, _Stored
+from tieredstore.fetcher import ReadAheadBatch, ReadAheadCache
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.naming import FileType
 from tieredstore.metrics import Metrics
@@ -25,8 +26,10 @@ class FakeClock:
         return self.now
 
 
-def _stored(size: int) -> _Stored:
-    return _Stored(bytes(size), ConsumeQueueUnit(0, size, 0))
+def _batch(offset: int, size: int, records: int = 1) -> ReadAheadBatch:
+    """``records`` records of ``size`` bytes each, read ahead from ``offset`` of queue T/0."""
+    units = [ConsumeQueueUnit(n * size, size, 0) for n in range(records)]
+    return ReadAheadBatch("T", 0, offset, bytes(size * records), units)
 
 
 def _value(counter: object) -> float:
@@ -37,14 +40,14 @@ def test_cache_is_bounded_in_bytes_not_entries() -> None:
     metrics = Metrics()
     cache = ReadAheadCache(10_000, 15.0, metrics=metrics, clock=FakeClock())
     for offset in range(30):
-        cache.put(("T", 0, offset), _stored(1_000))
+        cache.put(_batch(offset, 1_000))
     assert cache.size_bytes <= 10_000 and len(cache) == 10
     assert _value(metrics.cache_evictions) == 20
     # the newest entries stay; the oldest were evicted
     assert [offset for offset, _ in cache.get_run("T", 0, 20, 10)] == list(range(20, 30))
     assert cache.get_run("T", 0, 0, 5) == []
     # an entry larger than the whole bound is not cached at all (and evicts nothing)
-    cache.put(("T", 0, 99), _stored(20_000))
+    cache.put(_batch(99, 20_000))
     assert cache.get_run("T", 0, 99, 1) == [] and len(cache) == 10
 
 
@@ -52,7 +55,7 @@ def test_entries_expire_ttl_after_their_last_access() -> None:
     clock, metrics = FakeClock(), Metrics()
     cache = ReadAheadCache(1 << 20, 15.0, metrics=metrics, clock=clock)
     for offset in range(4):
-        cache.put(("T", 0, offset), _stored(100))
+        cache.put(_batch(offset, 100))
     clock.now += 10
     assert len(cache.get_run("T", 0, 0, 2)) == 2  # offsets 0 and 1 renewed at t+10
     clock.now += 10  # t+20: 2 and 3 were last touched at t, 0 and 1 at t+10
@@ -66,11 +69,27 @@ def test_entries_expire_ttl_after_their_last_access() -> None:
 def test_bypass_threshold_is_eighty_percent_of_the_byte_bound() -> None:
     cache = ReadAheadCache(10_000, 15.0, clock=FakeClock())
     for offset in range(8):
-        cache.put(("T", 0, offset), _stored(1_000))
+        cache.put(_batch(offset, 1_000))
     assert not cache.over_threshold()  # exactly 80%
-    cache.put(("T", 0, 8), _stored(1))
+    cache.put(_batch(8, 1))
     assert cache.over_threshold()
     assert ReadAheadCache(0, 15.0).over_threshold()  # a disabled cache is always bypassed
+
+
+def test_one_batch_serves_any_run_inside_it_and_is_evicted_whole() -> None:
+    metrics = Metrics()
+    cache = ReadAheadCache(10_000, 15.0, metrics=metrics, clock=FakeClock())
+    cache.put(_batch(100, 100, records=50))  # offsets 100..149, 5,000 bytes
+    run = cache.get_run("T", 0, 120, 10)
+    assert [offset for offset, _ in run] == list(range(120, 130))
+    assert all(len(stored.raw) == 100 and stored.unit.size == 100 for _, stored in run)
+    assert [offset for offset, _ in cache.get_run("T", 0, 145, 10)] == list(range(145, 150)), "stops at its end"
+    assert cache.get_run("T", 0, 150, 1) == [] and cache.get_run("T", 1, 120, 1) == []
+    assert len(cache) == 50 and cache.size_bytes == 5_000
+    cache.put(_batch(200, 100, records=60))  # 6,000 more bytes: the older batch goes, all 50 records at once
+    assert cache.get_run("T", 0, 100, 1) == [] and len(cache) == 60
+    assert _value(metrics.cache_evictions) == 50
+    assert _value(metrics.cache_hits) == 15 and _value(metrics.cache_misses) == 3
 
 
 async def test_a_full_cache_is_bypassed_reading_only_what_is_asked(
@@ -127,13 +146,14 @@ async def test_cache_ttl_decides_whether_a_consumer_coming_back_reads_storage_ag
         async with AsyncTieredMessageStore.open(config, hot=False, cache_clock=clock) as store:
             await append_records(store.runtime, TOPIC, 0, [make_record(TOPIC, 0, n) for n in range(100)], index=False)
             reads.clear()
-            await store.get_messages(TOPIC, 0, 0, 10)
+            await store.get_messages(TOPIC, 0, 0, 10)  # reads 0..99 ahead as one batch
             assert reads.count() == 2
             clock.now += 14
-            await store.get_messages(TOPIC, 0, 10, 10)  # renews 10..19 only
+            await store.get_messages(TOPIC, 0, 10, 10)  # a hit renews the batch
             clock.now += 14
             assert reads.count() == 2
-            assert len((await store.get_messages(TOPIC, 0, 10, 10)).messages) == 10
-            assert reads.count() == 2  # 10..19 were touched 14 s ago
             assert len((await store.get_messages(TOPIC, 0, 20, 10)).messages) == 10
-            assert reads.count() == 4  # 20..99 were last touched 28 s ago: gone
+            assert reads.count() == 2  # the batch was touched 14 s ago
+            clock.now += 16
+            assert len((await store.get_messages(TOPIC, 0, 30, 10)).messages) == 10
+            assert reads.count() == 4  # untouched for 16 s: gone, read from storage again

@@ -47,8 +47,10 @@ from tieredstore.formats.message import (
     RecordLayout,
     decode,
     encode_properties,
+    property_value,
     store_timestamp_of,
     tag_hash,
+    verify_record,
 )
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.checkpoint import Checkpoint
@@ -90,6 +92,15 @@ class PutResult(NamedTuple):
     queue_offset: int
     commitlog_offset: int
     size: int
+    store_timestamp: int
+
+
+class _Restorable(NamedTuple):
+    """A record checked for a restore, with the fields its consume-queue unit and result need."""
+
+    raw: bytes
+    queue_offset: int
+    tag_hash: int
     store_timestamp: int
 
 
@@ -670,8 +681,9 @@ class LocalMessageStore:
         The first record must carry the queue's max offset, or any offset when the queue has never
         held a message (a fresh node keeps the offsets consumers committed); the others follow on one
         by one. Every byte is kept except PHYSICALOFFSET, which becomes where the record lands here,
-        so store timestamps, hosts and properties survive. Every record is decoded (CRC included) and
-        checked before anything is written; a record that breaks a rule fails the whole call.
+        so store timestamps, hosts and properties survive. Every record is checked (magic, sizes and
+        lengths, body CRC, topic and queue) before anything is written, without being decoded whole; a
+        record that breaks a rule fails the whole call.
         """
         validate_topic(topic)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
@@ -685,16 +697,17 @@ class LocalMessageStore:
             raise ValidationError("the hot store is closed")
         if not records:
             return []
-        decoded = [self._restorable(topic, queue_id, bytes(raw)) for raw in records]
-        first = decoded[0][1].queue_offset
-        for index, (_, record) in enumerate(decoded):
+        topic_raw = topic.encode("utf-8")
+        decoded = [self._restorable(topic, topic_raw, queue_id, bytes(raw)) for raw in records]
+        first = decoded[0].queue_offset
+        for index, record in enumerate(decoded):
             if record.queue_offset != first + index:
                 raise ValidationError(
                     f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
                     f"{record.queue_offset} follows {first + index - 1}"
                 )
         with self._put_lock:
-            self._check_disk(sum(len(raw) for raw, _ in decoded) + UNIT_SIZE * len(decoded))
+            self._check_disk(sum(len(record.raw) for record in decoded) + UNIT_SIZE * len(decoded))
             queue = self._queue(topic, queue_id)
             if queue.max_offset != first and not (queue.max_offset == 0 and queue.min_offset == 0):
                 raise ValidationError(
@@ -708,27 +721,31 @@ class LocalMessageStore:
                 return results + self._restore_locked(queue, decoded[1:], reserve_units=True)
             return self._restore_locked(queue, decoded, reserve_units=True)
 
-    def _restorable(self, topic: str, queue_id: int, raw: bytes) -> tuple[bytes, MessageRecord]:
-        record = decode(raw, location=f"restored record of {topic}/{queue_id}")
-        if record.topic != topic or record.queue_id != queue_id:
-            raise ValidationError(
-                f"a record of {record.topic}/{record.queue_id} cannot be restored into {topic}/{queue_id}"
-            )
-        (total,) = struct.unpack_from(">i", raw, 0)
-        if total != len(raw):
-            raise CorruptRecordError(f"record TOTALSIZE {total} but {len(raw)} bytes were given")
-        if len(record.body) > self.config.max_message_size:
+    def _restorable(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> _Restorable:
+        location = f"restored record of {topic}/{queue_id}"
+        fields = verify_record(raw, location=location)
+        owner_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]
+        if owner_raw != topic_raw or fields.queue_id != queue_id:
+            try:
+                owner = owner_raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorruptRecordError(f"undecodable topic: {exc}", location=location) from exc
+            raise ValidationError(f"a record of {owner}/{fields.queue_id} cannot be restored into {topic}/{queue_id}")
+        if fields.total != len(raw):
+            raise CorruptRecordError(f"record TOTALSIZE {fields.total} but {len(raw)} bytes were given")
+        if fields.body_len > self.config.max_message_size:
             raise MessageTooLargeError(
-                f"restored body is {len(record.body)} bytes; max_message_size is {self.config.max_message_size}"
+                f"restored body is {fields.body_len} bytes; max_message_size is {self.config.max_message_size}"
             )
-        return raw, record
+        tags = property_value(raw, fields, PROPERTY_TAGS)
+        return _Restorable(raw, fields.queue_offset, tag_hash(tags), fields.store_timestamp)
 
     def _restore_locked(
-        self, queue: ConsumeQueue, batch: Sequence[tuple[bytes, MessageRecord]], *, reserve_units: bool
+        self, queue: ConsumeQueue, batch: Sequence[_Restorable], *, reserve_units: bool
     ) -> list[PutResult]:
         if not batch:
             return []
-        sizes = [len(raw) for raw, _ in batch]
+        sizes = [len(record.raw) for record in batch]
         log_ = self._commit_log
         self._check_disk(sum(sizes) + UNIT_SIZE * len(batch))
         plan = log_.plan(sizes)
@@ -739,10 +756,10 @@ class LocalMessageStore:
             log_.write_blank(blank_offset, blank_size)
         units: list[tuple[int, ConsumeQueueUnit]] = []
         results: list[PutResult] = []
-        for (raw, record), offset, size in zip(batch, plan.positions, sizes, strict=True):
-            file = log_.write(offset, raw)
+        for record, offset, size in zip(batch, plan.positions, sizes, strict=True):
+            file = log_.write(offset, record.raw)
             _OFFSET.pack_into(file.buffer, offset - file.start_offset + POS_PHYSICAL_OFFSET, offset)
-            units.append((record.queue_offset, ConsumeQueueUnit(offset, size, tag_hash(record.tags))))
+            units.append((record.queue_offset, ConsumeQueueUnit(offset, size, record.tag_hash)))
             results.append(
                 PutResult(queue.topic, queue.queue_id, record.queue_offset, offset, size, record.store_timestamp)
             )
