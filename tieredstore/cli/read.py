@@ -391,7 +391,8 @@ def query_key(
 
 
 async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, max_count: int) -> list[ReadMessage]:
-    async with open_runtime(cli.config, hot=False, recover=False, create_metadata=False) as runtime:
+    # A reader beside a running archiver: the key index is only queried, its directory left to the archiver.
+    async with open_runtime(cli.config, hot=False, create_metadata=False, cold_owner=False) as runtime:
         topic_info = await asyncio.to_thread(runtime.metadata.get_topic, topic)
         node = ReadNode(runtime.config, runtime.metadata, runtime.provider, runtime.flat, None)
         queues: dict[int, FlatMessageFile] = {}
