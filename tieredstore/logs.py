@@ -9,6 +9,30 @@ from typing import Any
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write, not at configure time.
+
+    A test runner (or a daemon) may swap or close the stderr that was current when logging was
+    configured; every later log line would then fail on a closed file.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+class _CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO", *, json: bool = False) -> None:
     """Route structlog and stdlib logging to stderr; call once at process start (CLI, ``run``)."""
     processors: list[Any] = [
@@ -20,10 +44,12 @@ def configure_logging(level: str = "INFO", *, json: bool = False) -> None:
     structlog.configure(
         processors=[*processors, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    handler = _CurrentStderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     for noisy in ("botocore", "aiobotocore", "s3fs", "urllib3", "werkzeug", "py4j", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from tests.cli.helpers import Node
 
@@ -19,18 +16,6 @@ SMALL_FILES = {
     "TIEREDSTORE_SEGMENTS__COMMIT_LOG_MAX_SIZE": str(16 << 10),
     "TIEREDSTORE_SEGMENTS__CONSUME_QUEUE_MAX_SIZE": str(100 * 20),
 }
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The CLI points logging at the runner's captured stderr, closed after the command; later tests
-    in this process that log would write to a closed file."""
-    structlog_config = structlog.get_config()
-    handlers, level = logging.root.handlers[:], logging.root.level
-    yield
-    structlog.configure(**structlog_config)
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
 
 
 def posix_node(tmp_path: Path) -> Node:
