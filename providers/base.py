@@ -119,7 +119,7 @@ class FileSegment(abc.ABC):
         """Exactly ``length`` committed bytes from ``position`` (the base class has trimmed the range)."""
 
     @abc.abstractmethod
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         """Make ``data`` durable at ``position`` without ever overwriting committed bytes.
 
         ``position`` is where the base class believes the end is. When storage already holds bytes
@@ -222,7 +222,7 @@ class FileSegment(abc.ABC):
                 raise
             self._mark_committed(len(data), data)
 
-    async def _correct_after_failure(self, position: int, data: bytes, error: Exception) -> None:
+    async def _correct_after_failure(self, position: int, data: bytes | bytearray, error: Exception) -> None:
         try:
             real = await self._real_size()
             landed = min(real - position, len(data))
@@ -232,7 +232,7 @@ class FileSegment(abc.ABC):
         if landed > 0:
             self._accept_landed(position, data, stored, error)
 
-    def _accept_landed(self, position: int, data: bytes, stored: bytes, cause: Exception | None) -> None:
+    def _accept_landed(self, position: int, data: bytes | bytearray, stored: bytes, cause: Exception | None) -> None:
         """Count ``stored`` (the bytes found at ``position``) as committed if they are the head of ``data``."""
         if stored != data[: len(stored)]:
             raise CommitConflictError(
@@ -249,7 +249,7 @@ class FileSegment(abc.ABC):
         self._buffers[:] = [data]
         return data
 
-    def _mark_committed(self, count: int, data: bytes) -> None:
+    def _mark_committed(self, count: int, data: bytes | bytearray) -> None:
         """The first ``count`` bytes of the head buffer ``data`` are durable; keep the rest and any later appends."""
         self._commit_position += count
         if not self._buffers or self._buffers[0] is not data:

@@ -136,11 +136,11 @@ class ObjectStore(abc.ABC):
         """Up to ``length`` bytes of ``key`` from ``start`` (fewer at its end); SegmentNotFoundError if missing."""
 
     @abc.abstractmethod
-    async def put_if_absent(self, key: str, data: bytes) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
         """Create ``key`` holding ``data`` unless it exists: True if written, False if it was there."""
 
     @abc.abstractmethod
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         """Write ``key``, replacing what it held (used only to shorten a chunk during truncation)."""
 
     @abc.abstractmethod
@@ -218,7 +218,7 @@ class ChunkedSegment(FileSegment):
         elif self._known_run and self._known_run[-1].end == chunk.start:
             self._known_run.append(chunk)
 
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         while data:
             key = self._chunk_key(position)
             if await self._store.put_if_absent(key, data):

@@ -178,7 +178,7 @@ class FsspecObjectStore(ObjectStore):
 
         return await self._run(f"read {self.protocol}://{path}", get_async, get_sync)
 
-    async def put_if_absent(self, key: str, data: bytes) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
         path = self._path(key)
 
         async def put_async(fs: Any) -> bool:
@@ -222,7 +222,7 @@ class FsspecObjectStore(ObjectStore):
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             write()
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         path = self._path(key)
 
         async def put_async(fs: Any) -> None:

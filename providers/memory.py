@@ -38,7 +38,7 @@ class MemorySegment(FileSegment):
     async def _read(self, position: int, length: int) -> bytes:
         return bytes(self._volume.get(self.key, b"")[position : position + length])
 
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         stored = self._volume.setdefault(self.key, bytearray())
         if len(stored) < position:
             raise CommitConflictError(

@@ -91,7 +91,7 @@ def _pread_exactly(fd: int, length: int, position: int) -> bytes:
     return b"".join(parts)
 
 
-def _pwrite_all(fd: int, data: bytes, position: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray, position: int) -> None:
     view = memoryview(data)
     written = 0
     while written < len(view):
@@ -163,7 +163,7 @@ class PosixSegment(FileSegment):
 
         return await self._run("read", read)
 
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         def commit(file: str) -> None:
             created = not os.path.exists(file)
             if created:

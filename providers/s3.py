@@ -345,7 +345,7 @@ class S3ObjectStore(ObjectStore):
 
         return await self._call(f"get {self._where(full)}", get)
 
-    async def put_if_absent(self, key: str, data: bytes) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
         full = self._key(key)
 
         async def put(client: Any) -> None:
@@ -359,7 +359,7 @@ class S3ObjectStore(ObjectStore):
             return False
         return True
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         full = self._key(key)
 
         async def put(client: Any) -> None:

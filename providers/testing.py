@@ -108,7 +108,7 @@ class FaultySegment(FileSegment):
     async def _truncate(self, size: int) -> None:
         await self.inner._truncate(size)
 
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         plan = self.plan
         plan.commit_calls += 1
         plan.commits_in_flight += 1
