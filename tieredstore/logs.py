@@ -49,7 +49,8 @@ def configure_logging(level: str = "INFO", *, json: bool = False) -> None:
     )
     handler = _CurrentStderrHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # No force=True: a root logger someone already configured (an application, pytest's capture) stays as it is.
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     for noisy in ("botocore", "aiobotocore", "s3fs", "urllib3", "werkzeug", "py4j", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
