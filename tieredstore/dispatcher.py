@@ -515,6 +515,11 @@ class Dispatcher:
             batch = await asyncio.to_thread(self._read_batch, state.topic, state.queue_id, start)
         except NotFoundError:
             batch = _Batch([], 0, await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
+        except (TieredStoreError, OSError) as error:
+            # The hot side failed (a record that does not check out yet, a file the writer is replacing):
+            # back off this queue like a failed commit, but cold storage is fine, so its health stays.
+            self._back_off(state, error, phase="hot read")
+            return False
         state.hot = batch.hot
         if batch.hot.min_offset > start:
             return await self._skip_lost_range(state, start, batch.hot.min_offset)
@@ -596,17 +601,31 @@ class Dispatcher:
         self._update_lag(state)
         return True
 
-    def _record_failure(self, state: _QueueState, error: BaseException, *, phase: str) -> None:
-        if isinstance(error, LeaseLostError | CommitConflictError):
-            self._lose_queue(state, error, phase=phase)
-            return
+    def _back_off(self, state: _QueueState, error: BaseException, *, phase: str) -> float:
+        """Count a failure of this queue and schedule its retry; returns the backoff in seconds."""
         state.failures += 1
         settings = self.settings
-        backoff = min(settings.retry_max_backoff, settings.retry_initial_backoff * 2 ** (state.failures - 1))
+        backoff: float = min(settings.retry_max_backoff, settings.retry_initial_backoff * 2 ** (state.failures - 1))
         # Jitter keeps many failing queues from retrying against recovering storage in lock step.
         backoff *= random.uniform(0.8, 1.2)
         state.retry_at = time.monotonic() + backoff
         state.last_error = f"{type(error).__name__}: {error}"
+        if phase == "hot read":
+            log.warning(
+                "hot store read failed; retrying with backoff",
+                topic=state.topic,
+                queue_id=state.queue_id,
+                failures=state.failures,
+                retry_in=round(backoff, 3),
+                error=state.last_error,
+            )
+        return backoff
+
+    def _record_failure(self, state: _QueueState, error: BaseException, *, phase: str) -> None:
+        if isinstance(error, LeaseLostError | CommitConflictError):
+            self._lose_queue(state, error, phase=phase)
+            return
+        backoff = self._back_off(state, error, phase=phase)
         self.stats.commit_failures += 1
         self.metrics.commit_failures.labels(state.topic).inc()
         self.metrics.storage_up.set(0)

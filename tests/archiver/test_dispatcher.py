@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from tests.archiver.helpers import Archive, PathFaultProvider
+from tieredstore.errors import CorruptRecordError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.message import decode
@@ -232,3 +234,29 @@ async def test_lag_gauge_and_dispatched_counters(archive: Archive) -> None:
     dispatched_bytes = registry.get_sample_value("tieredstore_dispatched_bytes_total", {"topic": "Orders"})
     assert dispatched_bytes == sum(m.unit.size for m in archive.hot.read_messages("Orders", 3, 0, 10, 1 << 30))
     assert registry.get_sample_value("tieredstore_commit_seconds_count") == 1
+
+
+async def test_a_failing_hot_read_backs_off_that_queue_without_blocking_the_others(archive: Archive) -> None:
+    """A hot read that fails (say a record the writer is still recovering) must not kill the queue's task:
+    the queue retries with backoff, the others go on, and cold storage is not reported down."""
+    dispatcher = archive.dispatcher(
+        group_commit_count=5, group_commit_timeout=0, retry_initial_backoff=0.01, retry_max_backoff=0.05
+    )
+    archive.put("Flaky", 0, 12)
+    archive.put("Steady", 0, 12)
+    read_messages = archive.hot.read_messages
+    failures_left = {"Flaky": 2}
+
+    def flaky_read(topic: str, queue_id: int, *args: Any, **kwargs: Any) -> Any:
+        if failures_left.get(topic, 0) > 0:
+            failures_left[topic] -= 1
+            raise CorruptRecordError("hot record changed after it was checked", location=f"{topic}/{queue_id}")
+        return read_messages(topic, queue_id, *args, **kwargs)
+
+    archive.hot.read_messages = flaky_read  # type: ignore[method-assign]
+    result = await asyncio.wait_for(dispatcher.run_once(max_attempts=5), timeout=10)
+    assert result.failed == {}
+    assert failures_left["Flaky"] == 0, "the failing read was retried"
+    assert archive.archived("Flaky", 0) == 12 and archive.archived("Steady", 0) == 12
+    assert await archive.check("Flaky", 0) == []
+    assert archive.metrics.registry.get_sample_value("tieredstore_cold_storage_up") != 0
