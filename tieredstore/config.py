@@ -102,7 +102,7 @@ class ArchiverSettings(_Section):
     @pydantic.model_validator(mode="after")
     def _check_lease_timing(self) -> ArchiverSettings:
         # A renewal may fail once and the lease must still be renewed well before it can be taken over.
-        if self.lease_renew_interval * 3 > self.lease_duration:
+        if self.lease_renew_interval * 3 > self.lease_duration * (1 + 1e-9):
             raise ValueError(
                 f"lease_renew_interval ({self.lease_renew_interval:g}s) must be at most a third of "
                 f"lease_duration ({self.lease_duration:g}s)"

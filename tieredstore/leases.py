@@ -79,7 +79,7 @@ class LeaseManager:
         renew_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if lease_duration <= 0 or renew_interval <= 0 or renew_interval * 3 > lease_duration:
+        if lease_duration <= 0 or renew_interval <= 0 or renew_interval * 3 > lease_duration * (1 + 1e-9):
             raise ConfigError(
                 f"lease renew interval {renew_interval:g}s must be positive and at most a third of the "
                 f"lease duration {lease_duration:g}s"
