@@ -22,7 +22,8 @@ def test_resolved_s3_stack_is_not_the_ancient_fallback() -> None:
     assert Version(version("fsspec")) >= Version("2024.6.0"), version("fsspec")
     assert Version(version("aiobotocore")) >= Version("2.13.0"), version("aiobotocore")
     # and the versions that were installed are consistent with each other
-    for dist, dependency in (("s3fs", "aiobotocore"), ("s3fs", "fsspec"), ("aiobotocore", "botocore")):
+    pairs = [("s3fs", "aiobotocore"), ("s3fs", "fsspec"), ("aiobotocore", "botocore"), ("boto3", "botocore")]
+    for dist, dependency in pairs:
         for line in requires(dist) or []:
             requirement = Requirement(line)
             if requirement.name == dependency and requirement.marker is None:
