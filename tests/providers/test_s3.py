@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.s3 import S3Server
 from tests.fixtures.faultproxy import FaultProxy, FaultRule
+from tests.fixtures.s3 import S3Server
 from tieredstore.errors import (
     CommitConflictError,
     ConfigError,
