@@ -56,8 +56,6 @@ from tieredstore.formats.message import (
     PROPERTY_TAGS,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
-    MessageRecord,
-    decode,
     store_timestamp_of,
     tag_hash,
 )
@@ -73,6 +71,9 @@ from tieredstore.local.store import (
     RecoveryReport,
     RetentionReport,
     StoredMessage,
+    check_boundary,
+    check_unit_record,
+    search_timestamp,
 )
 
 log = structlog.get_logger(__name__)
@@ -544,14 +545,7 @@ class HotStoreFollower(LocalMessageStore):
                 raw = self._log.read(unit.commitlog_offset, unit.size)
         if raw is None:
             raise NotFoundError(f"commit-log range [{unit.commitlog_offset}, +{unit.size}) is not in the hot store")
-        size, magic = HEADER_PREFIX.unpack_from(raw)[:2] if len(raw) >= HEADER_PREFIX.size else (0, 0)
-        if size != unit.size or magic not in (MAGIC_V1, MAGIC_V2):
-            raise CorruptRecordError(
-                f"consume-queue unit says {unit.size} bytes but the record header says {size} (magic 0x{magic:08x})",
-                location="commitlog",
-                offset=unit.commitlog_offset,
-            )
-        return raw
+        return check_unit_record(raw, unit)
 
     def read_messages(
         self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
@@ -596,14 +590,6 @@ class HotStoreFollower(LocalMessageStore):
                 total += unit[1]
             return messages
 
-    def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
-        """The decoded message at ``queue_offset`` (body CRC checked)."""
-        unit = self.cq_unit(topic, queue_id, queue_offset)
-        return decode(self.read_record(unit), location=f"commitlog@{unit.commitlog_offset}")
-
-    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        return self._store_timestamp_of(self.cq_unit(topic, queue_id, queue_offset))
-
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         with self._lock:
             head = self._log.read(unit.commitlog_offset, min(unit.size, _TIMESTAMP_PREFIX))
@@ -612,26 +598,19 @@ class HotStoreFollower(LocalMessageStore):
         return store_timestamp_of(head)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int, boundary: Boundary = "lower") -> int:
-        """``lower``: the first offset stored at or after ``timestamp`` (max_offset if none);
-        ``upper``: the last offset stored at or before it (min_offset if none). Store timestamps never decrease.
-        """
-        if boundary not in ("lower", "upper"):
-            raise ValidationError(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+        """As the writer's, over the units this follower has checked (see ``search_timestamp``)."""
+        check_boundary(boundary)
         with self._lock:
             queue = self._fresh(topic, queue_id)
             if queue is None:
                 return 0
-            low, high = queue.min_offset, queue.max_offset
-            while low < high:
-                middle = (low + high) // 2
-                stamp = self._store_timestamp_of(self._checked_unit(queue, middle))
-                if stamp < timestamp or (boundary == "upper" and stamp == timestamp):
-                    low = middle + 1
-                else:
-                    high = middle
-            if boundary == "lower":
-                return low
-            return max(queue.min_offset, low - 1)
+            return search_timestamp(
+                queue.min_offset,
+                queue.max_offset,
+                timestamp,
+                boundary,
+                lambda offset: self._store_timestamp_of(self._checked_unit(queue, offset)),
+            )
 
     # ---- lifecycle and refusals ----------------------------------------------------------------------
 

@@ -73,6 +73,43 @@ _Batched = tuple[str, int, RecordLayout, bytes, bytes, int, int, int]
 _DISK_CHECK_INTERVAL_MS = 200
 
 
+def check_unit_record(raw: bytes, unit: ConsumeQueueUnit) -> bytes:
+    """``raw`` if it is a whole record of the unit's size (size and magic agree); CorruptRecordError otherwise."""
+    size, magic = _HEAD.unpack_from(raw) if len(raw) >= _HEAD.size else (0, 0)
+    if size != unit.size or magic not in (MAGIC_V1, MAGIC_V2):
+        raise CorruptRecordError(
+            f"consume-queue unit says {unit.size} bytes but the record header says {size} (magic 0x{magic:08x})",
+            location="commitlog",
+            offset=unit.commitlog_offset,
+        )
+    return raw
+
+
+def check_boundary(boundary: str) -> None:
+    if boundary not in ("lower", "upper"):
+        raise ValidationError(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+
+
+def search_timestamp(
+    min_offset: int, max_offset: int, timestamp: int, boundary: Boundary, stamp_at: Callable[[int], int]
+) -> int:
+    """Binary search of non-decreasing store timestamps over [min_offset, max_offset).
+
+    ``lower``: the first offset stored at or after ``timestamp`` (max_offset if none); ``upper``: the last
+    offset stored at or before it (min_offset if none).
+    """
+    check_boundary(boundary)
+    low, high = min_offset, max_offset
+    while low < high:
+        middle = (low + high) // 2
+        stamp = stamp_at(middle)
+        if stamp < timestamp or (boundary == "upper" and stamp == timestamp):
+            low = middle + 1
+        else:
+            high = middle
+    return low if boundary == "lower" else max(min_offset, low - 1)
+
+
 class PutRequest(NamedTuple):
     """One message of a batch for ``put_messages`` (a named tuple: cheap to build by the thousand)."""
 
@@ -842,15 +879,7 @@ class LocalMessageStore:
 
     def read_record(self, unit: ConsumeQueueUnit) -> bytes:
         """The record bytes a unit points at, checked to be a whole record of the unit's size."""
-        raw = self._commit_log.read(unit.commitlog_offset, unit.size)
-        size, magic = _HEAD.unpack_from(raw)
-        if size != unit.size or magic not in (MAGIC_V1, MAGIC_V2):
-            raise CorruptRecordError(
-                f"consume-queue unit says {unit.size} bytes but the record header says {size} (magic 0x{magic:08x})",
-                location="commitlog",
-                offset=unit.commitlog_offset,
-            )
-        return raw
+        return check_unit_record(self._commit_log.read(unit.commitlog_offset, unit.size), unit)
 
     def read_messages(
         self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
@@ -892,22 +921,17 @@ class LocalMessageStore:
         """``lower``: the first offset stored at or after ``timestamp`` (max_offset if none);
         ``upper``: the last offset stored at or before it (min_offset if none). Store timestamps never decrease.
         """
-        if boundary not in ("lower", "upper"):
-            raise ValidationError(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+        check_boundary(boundary)
         queue = self._existing_queue(topic, queue_id)
         if queue is None:
             return 0
-        low, high = queue.min_offset, queue.max_offset
-        while low < high:
-            middle = (low + high) // 2
-            stamp = self._store_timestamp_of(queue.unit_at(middle))
-            if stamp < timestamp or (boundary == "upper" and stamp == timestamp):
-                low = middle + 1
-            else:
-                high = middle
-        if boundary == "lower":
-            return low
-        return max(queue.min_offset, low - 1)
+        return search_timestamp(
+            queue.min_offset,
+            queue.max_offset,
+            timestamp,
+            boundary,
+            lambda offset: self._store_timestamp_of(queue.unit_at(offset)),
+        )
 
     def offset_msg_id(self, commitlog_offset: int) -> str:
         """RocketMQ's offset message id of a record this store wrote."""
