@@ -11,6 +11,7 @@ from tieredstore.flat import FlatMessageFile
 from tieredstore.formats.message import MessageRecord, tag_hash
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import FileSegment, Provider
+from tieredstore.providers.testing import FaultyProvider
 
 TOPIC = "TopicA"
 BASE_TIMESTAMP = 1_700_000_000_000
@@ -120,13 +121,14 @@ class CrashingSegment(FileSegment):
         await self.inner._commit(position, data)
 
 
-class CrashingProvider(Provider):
+class CrashingProvider(FaultyProvider):
+    """FaultyProvider's delegation, with segments that crash at the points a CrashPlan names."""
+
     scheme: ClassVar[str] = "crashing"
 
     def __init__(self, inner: Provider, plan: CrashPlan) -> None:
-        super().__init__(inner.url)
-        self.inner = inner
-        self.plan = plan
+        super().__init__(inner)
+        self.crash_plan = plan
 
     def segment(
         self,
@@ -136,12 +138,6 @@ class CrashingProvider(Provider):
         *,
         commit_position: int = 0,
         max_size: int | None = None,
-    ) -> CrashingSegment:
+    ) -> CrashingSegment:  # type: ignore[override]
         inner = self.inner.segment(file_type, path, base_offset, commit_position=commit_position, max_size=max_size)
-        return CrashingSegment(inner, self.plan)
-
-    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
-        return await self.inner.list_segments(path, file_type)
-
-    async def list_children(self, path: str) -> list[str]:
-        return await self.inner.list_children(path)
+        return CrashingSegment(inner, self.crash_plan)
