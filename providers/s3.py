@@ -7,6 +7,15 @@ retried with exponential backoff (tenacity) on 5xx, throttling and connection er
 bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
 place, ``translate_s3_errors``, with its cause chained.
 
+Integrity is checked end to end without botocore doing it on the event loop: every PUT carries a
+CRC32 of its body (``x-amz-checksum-crc32``, which S3 verifies before storing anything) and every GET
+asks for the object's stored checksum and compares it with the bytes received. Both digests are
+computed here, in a worker thread for large bodies (zlib and hashlib release the GIL), so concurrent
+transfers overlap instead of queueing behind one another's hashing; botocore's own "when_supported"
+checksumming is switched off because it would hash every body a second time on the loop. Over TLS
+the payload is sent unsigned beside its signed CRC32 header (what botocore itself does for uploads
+over https); over plain http botocore still signs the payload's SHA-256, as raw boto3 does.
+
 Credentials come from S3Options or, when absent, botocore's usual chain (environment, profile,
 instance role). They never appear in ``repr``, ``str``, log lines, error messages or ``url``.
 
@@ -17,10 +26,13 @@ use one provider per event loop, and ``await provider.close()`` in that loop.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import threading
+import zlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, cast
@@ -99,11 +111,60 @@ _OPTION_QUERY_KEYS = frozenset(
         "max_attempts",
         "connect_timeout",
         "read_timeout",
+        "max_pool_connections",
     }
 )
 _CREDENTIAL_QUERY_KEYS = frozenset(
     {"access_key_id", "secret_access_key", "session_token", "aws_access_key_id", "aws_secret_access_key"}
 )
+
+
+# Below this size a digest costs less than handing the buffer to a worker thread and back.
+_OFFLOAD_BYTES = 256 << 10
+
+
+def _crc32(data: bytes | bytearray) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode("ascii")
+
+
+def _sha1(data: bytes | bytearray) -> str:
+    return base64.b64encode(hashlib.sha1(data, usedforsecurity=False).digest()).decode("ascii")
+
+
+def _sha256(data: bytes | bytearray) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+
+
+# The stored checksums a GET can verify without optional native code, as botocore verifies them; others
+# (CRC32C, CRC64NVME) are skipped as botocore skips them without awscrt.
+_RESPONSE_CHECKSUMS: tuple[tuple[str, Callable[[bytes | bytearray], str]], ...] = (
+    ("ChecksumCRC32", _crc32),
+    ("ChecksumSHA256", _sha256),
+    ("ChecksumSHA1", _sha1),
+)
+
+
+async def _digest(function: Callable[[bytes | bytearray], str], data: bytes | bytearray) -> str:
+    """``function(data)``, in a worker thread when ``data`` is large enough for that to pay."""
+    if len(data) < _OFFLOAD_BYTES:
+        return function(data)
+    return await asyncio.to_thread(function, data)
+
+
+async def verify_response_checksum(response: Mapping[str, Any], data: bytes, what: str) -> None:
+    """Compare ``data`` with the full-object checksum S3 returned beside it, if it returned one we can compute.
+
+    S3 returns a checksum only when the bytes asked for are the whole object (or part) it was stored with;
+    a composite checksum (``...-N``) describes parts, not these bytes, and is skipped. A mismatch means
+    the bytes were damaged on the way: StorageUnavailableError, so the read is retried.
+    """
+    for name, function in _RESPONSE_CHECKSUMS:
+        expected = response.get(name)
+        if not expected or "-" in expected:
+            continue
+        if await _digest(function, data) != expected:
+            raise StorageUnavailableError(f"{what}: the bytes received do not match their stored {name[8:]} checksum")
+        return
 
 
 _SESSIONS = threading.local()
@@ -121,7 +182,12 @@ def _thread_session() -> AioSession:
 
 @dataclass(frozen=True, slots=True)
 class S3Options:
-    """How to reach S3. Credentials are excluded from ``repr`` and equality output is never logged."""
+    """How to reach S3. Credentials are excluded from ``repr`` and equality output is never logged.
+
+    ``max_pool_connections`` bounds the connections one provider holds open to the endpoint (botocore's
+    default, 10): concurrent calls beyond it wait for a free connection, so raise it to at least the
+    number of commits and reads the caller keeps in flight at once.
+    """
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -137,6 +203,7 @@ class S3Options:
     retry_initial_delay: float = 0.1
     retry_max_delay: float = 5.0
     list_page_size: int = 1000
+    max_pool_connections: int = 10
 
     def __post_init__(self) -> None:
         if self.addressing_style not in ("auto", "path", "virtual"):
@@ -151,6 +218,8 @@ class S3Options:
             raise ConfigError(f"max_attempts must be at least 1, not {self.max_attempts}")
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
             raise ConfigError("connect_timeout and read_timeout must be positive")
+        if self.max_pool_connections < 1:
+            raise ConfigError(f"max_pool_connections must be at least 1, not {self.max_pool_connections}")
         if not 1 <= self.list_page_size <= 1000:
             raise ConfigError(f"list_page_size must be within 1..1000, not {self.list_page_size}")
 
@@ -167,7 +236,7 @@ class S3Options:
             if name not in _OPTION_QUERY_KEYS:
                 raise ConfigError(f"unknown S3 URL parameter {name!r}; known: {sorted(_OPTION_QUERY_KEYS)}")
             values[name] = value
-        for name in ("max_attempts",):
+        for name in ("max_attempts", "max_pool_connections"):
             if name in values:
                 values[name] = _parse_number(name, values[name], int)
         for name in ("connect_timeout", "read_timeout"):
@@ -331,26 +400,42 @@ class S3ObjectStore(ObjectStore):
             return b""
         full = self._key(key)
 
+        what = f"get {self._where(full)}"
+
         async def get(client: Any) -> bytes:
             try:
                 response = await client.get_object(
-                    Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}"
+                    Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}", ChecksumMode="ENABLED"
                 )
             except botocore.exceptions.ClientError as error:
                 if _error_code(error)[0] in _RANGE_CODES:
                     return b""  # the object ends before ``start``
                 raise
             async with response["Body"] as body:
-                return cast(bytes, await body.read())
+                # The raw aiohttp body: botocore's wrapper would checksum every piece on the loop as it
+                # arrives; the stored checksum is compared below, off the loop, instead.
+                data = cast(bytes, await body.raw_stream.read())
+            expected = response.get("ContentLength")
+            if expected is not None and len(data) != expected:
+                raise StorageUnavailableError(f"{what}: {len(data)} bytes received of {expected}")
+            await verify_response_checksum(response, data, what)
+            return data
 
-        return await self._call(f"get {self._where(full)}", get)
+        return await self._call(what, get)
 
     async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
         full = self._key(key)
 
+        checksum = await _digest(_crc32, data)
+
         async def put(client: Any) -> None:
             await client.put_object(
-                Bucket=self._bucket, Key=full, Body=data, IfNoneMatch="*", **self._options.encryption_arguments()
+                Bucket=self._bucket,
+                Key=full,
+                Body=data,
+                IfNoneMatch="*",
+                **_checksum_arguments(checksum),
+                **self._options.encryption_arguments(),
             )
 
         try:
@@ -362,8 +447,16 @@ class S3ObjectStore(ObjectStore):
     async def put(self, key: str, data: bytes | bytearray) -> None:
         full = self._key(key)
 
+        checksum = await _digest(_crc32, data)
+
         async def put(client: Any) -> None:
-            await client.put_object(Bucket=self._bucket, Key=full, Body=data, **self._options.encryption_arguments())
+            await client.put_object(
+                Bucket=self._bucket,
+                Key=full,
+                Body=data,
+                **_checksum_arguments(checksum),
+                **self._options.encryption_arguments(),
+            )
 
         await self._call(f"put {self._where(full)}", put)
 
@@ -378,6 +471,11 @@ class S3ObjectStore(ObjectStore):
 
     async def close(self) -> None:
         await self._provider.close_client()
+
+
+def _checksum_arguments(crc32: str) -> dict[str, str]:
+    """PutObject arguments that send our CRC32 for S3 to verify and store (so later GETs can be checked)."""
+    return {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": crc32}
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -427,16 +525,30 @@ class S3Provider(ChunkedProvider):
                 self._client = await self._client_stack.enter_async_context(self._create_client())
         return self._client
 
-    def _create_client(self) -> Any:
+    def client_config(self) -> AioConfig:
+        """The botocore configuration of this provider's client."""
         options = self.options
-        config = AioConfig(
+        s3: dict[str, Any] = {"addressing_style": options.addressing_style}
+        if options.endpoint_url is None or options.endpoint_url.lower().startswith("https:"):
+            # botocore only skips the payload's SHA-256 over TLS when it computed the checksum itself;
+            # ours is computed beforehand, so say so explicitly. Plain http keeps the signed payload.
+            s3["payload_signing_enabled"] = False
+        return AioConfig(
             region_name=options.region,
             connect_timeout=options.connect_timeout,
             read_timeout=options.read_timeout,
+            max_pool_connections=options.max_pool_connections,
             # tenacity owns retries, so botocore makes exactly one attempt per call.
             retries={"total_max_attempts": 1, "mode": "standard"},
-            s3={"addressing_style": options.addressing_style},
+            # Checksums are computed and verified by S3ObjectStore, off the event loop.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3=s3,
         )
+
+    def _create_client(self) -> Any:
+        options = self.options
+        config = self.client_config()
         return _thread_session().create_client(
             "s3",
             endpoint_url=options.endpoint_url,

@@ -37,11 +37,12 @@ import structlog
 
 from tieredstore.config import ArchiverSettings
 from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundError, TieredStoreError
-from tieredstore.flat.message_file import BatchRecord, FlatMessageFile
+from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
-from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of, store_timestamp_of
+from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of
 from tieredstore.index import IndexEntry, IndexService
 from tieredstore.leases import LeaseManager
+from tieredstore.local.batch import HotBatch
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
@@ -151,8 +152,7 @@ class OnceResult:
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    records: list[BatchRecord]
-    record_bytes: int
+    records: HotBatch | None
     hot: HotView
 
 
@@ -249,14 +249,13 @@ class Dispatcher:
         hot_min = await asyncio.to_thread(self.hot.min_offset, state.topic, state.queue_id)
         offset = max(start, hot_min)
         while offset < end and self.index is not None:
-            messages = await asyncio.to_thread(
-                self.hot.read_messages, state.topic, state.queue_id, offset, min(1024, end - offset)
+            batch = await asyncio.to_thread(
+                self.hot.read_batch, state.topic, state.queue_id, offset, min(1024, end - offset)
             )
-            if not messages:
+            if not len(batch):
                 return
-            records = [(m.raw, m.queue_offset, store_timestamp_of(m.raw), m.unit.tag_hash) for m in messages]
-            await self.index.put(self._index_entries(state, records))
-            offset = messages[-1].queue_offset + 1
+            await self.index.put(self._index_entries(state, batch))
+            offset = batch.next_offset
 
     # ---- the public loop entry points --------------------------------------------------------------
 
@@ -514,7 +513,7 @@ class Dispatcher:
         try:
             batch = await asyncio.to_thread(self._read_batch, state.topic, state.queue_id, start)
         except NotFoundError:
-            batch = _Batch([], 0, await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
+            batch = _Batch(None, await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
         except (TieredStoreError, OSError) as error:
             # The hot side failed (a record that does not check out yet, a file the writer is replacing):
             # back off this queue like a failed commit, but cold storage is fine, so its health stays.
@@ -523,30 +522,32 @@ class Dispatcher:
         state.hot = batch.hot
         if batch.hot.min_offset > start:
             return await self._skip_lost_range(state, start, batch.hot.min_offset)
-        if not batch.records:
+        if batch.records is None or not len(batch.records):
             return False
-        buffered = await self._buffer(state, batch, start)
+        buffered = await self._buffer(state, batch.records, start)
         # The hot copies are not needed once buffered: only the cold queue's buffers stay while it commits.
         del batch
         return buffered and await self._commit(state)
 
-    async def _buffer(self, state: _QueueState, batch: _Batch, start: int) -> bool:
+    async def _buffer(self, state: _QueueState, records: HotBatch, start: int) -> bool:
         """Append the batch to the cold queue in one call; on failure keep what was buffered, for the retry."""
         flat_file = state.flat_file
         assert flat_file is not None
-        entries = self._index_entries(state, batch.records) if self.index is not None else []
+        entries = self._index_entries(state, records) if self.index is not None else []
+        sizes = records.sizes
         try:
-            await flat_file.append_batch(batch.records)
+            # The cold commit log takes the batch's buffer over (its PHYSICALOFFSETs are rewritten in place).
+            await flat_file.append_records(records)
         except (TieredStoreError, OSError) as error:
             # A batch that rolled a segment may have failed part way: what was buffered stays buffered.
             appended = flat_file.append_offset - start
             state.unrecorded_messages += appended
-            state.unrecorded_bytes += sum(len(record[0]) for record in batch.records[:appended])
+            state.unrecorded_bytes += int(sizes[:appended].sum())
             state.unrecorded_entries.extend(e for e in entries if e.queue_offset < flat_file.append_offset)
             self._record_failure(state, error, phase="append")
             return False
-        state.unrecorded_messages += len(batch.records)
-        state.unrecorded_bytes += batch.record_bytes
+        state.unrecorded_messages += len(sizes)
+        state.unrecorded_bytes += int(sizes.sum())
         state.unrecorded_entries.extend(entries)
         return True
 
@@ -554,18 +555,11 @@ class Dispatcher:
         settings = self.settings
         hot_min = self.hot.min_offset(topic, queue_id)
         if hot_min > start:
-            return _Batch([], 0, self._hot_view(topic, queue_id, start))
-        messages = self.hot.read_messages(
+            return _Batch(None, self._hot_view(topic, queue_id, start))
+        records = self.hot.read_batch(
             topic, queue_id, start, max_count=settings.group_commit_count, max_bytes=settings.group_commit_size
         )
-        records = [
-            (message.raw, message.queue_offset, store_timestamp_of(message.raw), message.unit.tag_hash)
-            for message in messages
-        ]
-        next_offset = messages[-1].queue_offset + 1 if messages else start
-        return _Batch(
-            records, sum(len(message.raw) for message in messages), self._hot_view(topic, queue_id, next_offset)
-        )
+        return _Batch(records, self._hot_view(topic, queue_id, records.next_offset))
 
     async def _commit(self, state: _QueueState) -> bool:
         """Commit log, consume queue, key-index entries, metadata; on failure keep everything for a retry."""
@@ -839,12 +833,13 @@ class Dispatcher:
         lag = max(0, state.hot.max_offset - state.archived_offset)
         self.metrics.queue_lag.labels(state.topic, str(state.queue_id)).set(lag)
 
-    def _index_entries(self, state: _QueueState, records: Iterable[BatchRecord]) -> list[IndexEntry]:
+    def _index_entries(self, state: _QueueState, records: HotBatch) -> list[IndexEntry]:
+        """Key-index entries of the records that carry keys; only records holding a key marker are decoded."""
         entries = []
         topic_id = state.topic_id if state.topic_id is not None else 0
-        for raw, queue_offset, store_timestamp, _tag_hash in records:
-            if not any(marker in raw for marker in _KEY_MARKERS):
-                continue
+        candidates = sorted({index for marker in _KEY_MARKERS for index in records.records_holding(marker)})
+        for index in candidates:
+            raw = records.record(index)
             keys = index_keys_of(raw)
             if keys:
                 entries.append(
@@ -852,9 +847,9 @@ class Dispatcher:
                         topic=state.topic,
                         topic_id=topic_id,
                         queue_id=state.queue_id,
-                        queue_offset=queue_offset,
+                        queue_offset=records.first_offset + index,
                         size=len(raw),
-                        timestamp=store_timestamp,
+                        timestamp=int(records.store_timestamps[index]),
                         keys=keys,
                     )
                 )

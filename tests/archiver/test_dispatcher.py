@@ -244,16 +244,16 @@ async def test_a_failing_hot_read_backs_off_that_queue_without_blocking_the_othe
     )
     archive.put("Flaky", 0, 12)
     archive.put("Steady", 0, 12)
-    read_messages = archive.hot.read_messages
+    read_batch = archive.hot.read_batch
     failures_left = {"Flaky": 2}
 
     def flaky_read(topic: str, queue_id: int, *args: Any, **kwargs: Any) -> Any:
         if failures_left.get(topic, 0) > 0:
             failures_left[topic] -= 1
             raise CorruptRecordError("hot record changed after it was checked", location=f"{topic}/{queue_id}")
-        return read_messages(topic, queue_id, *args, **kwargs)
+        return read_batch(topic, queue_id, *args, **kwargs)
 
-    archive.hot.read_messages = flaky_read  # type: ignore[method-assign]
+    archive.hot.read_batch = flaky_read  # type: ignore[method-assign]
     result = await asyncio.wait_for(dispatcher.run_once(max_attempts=5), timeout=10)
     assert result.failed == {}
     assert failures_left["Flaky"] == 0, "the failing read was retried"

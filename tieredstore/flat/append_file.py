@@ -26,6 +26,9 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
@@ -148,22 +151,35 @@ class FlatAppendFile:
         limit = last.max_size
         return limit is not None and last.append_position > 0 and last.append_position + size > limit
 
-    def fitting(self, sizes: Sequence[int]) -> int:
+    def fitting(self, sizes: Sequence[int] | npt.NDArray[np.int64]) -> int:
         """How many of ``sizes``, appended in order as one run, go to the segment the first would go to.
 
         That is the last segment, or a new one when the first append would roll: at least one item
         (an empty segment takes one of any size), then as many as fit its max size.
         """
-        if not sizes:
+        if len(sizes) == 0:
             return 0
-        if self.would_roll(sizes[0]):
-            room = self.max_segment_size if self.max_segment_size is not None else DEFAULT_MAX_SIZE[self.file_type]
-        else:
-            last = self.segments[-1]
-            room = None if last.max_size is None else last.max_size - last.append_position
+        room = self._room(int(sizes[0]))
         if room is None:
             return len(sizes)
-        return max(1, bisect.bisect_right(list(itertools.accumulate(sizes)), room))
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        return max(1, int(np.searchsorted(ends, room, side="right")))
+
+    def _room(self, first_size: int) -> int | None:
+        """Bytes the segment that an append of ``first_size`` goes to has left (None: unlimited)."""
+        if self.would_roll(first_size):
+            return self.max_segment_size if self.max_segment_size is not None else DEFAULT_MAX_SIZE[self.file_type]
+        last = self.segments[-1]
+        return None if last.max_size is None else last.max_size - last.append_position
+
+    def fitting_items(self, item_size: int, count: int) -> int:
+        """``fitting`` for ``count`` items of ``item_size`` bytes each (consume-queue units), by arithmetic."""
+        if count <= 0:
+            return 0
+        room = self._room(item_size)
+        if room is None:
+            return count
+        return max(1, min(count, room // item_size))
 
     async def append(self, data: bytes | bytearray, timestamp: int, max_timestamp: int | None = None) -> int:
         """Buffer ``data``, rolling to a new segment when the last one is full; returns its offset.

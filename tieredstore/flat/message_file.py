@@ -25,12 +25,16 @@ import asyncio
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.flat.append_file import Clock, wall_clock_ms
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile, HeldOffsets
-from tieredstore.formats.consume_queue import UNIT_SIZE, UNIT_STRUCT, ConsumeQueueUnit
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
     MAGIC_V2,
@@ -84,6 +88,55 @@ _PHYSICAL_OFFSET = struct.Struct(">q")
 
 # One message for ``append_batch``: its raw record, queue offset, store timestamp and tag hash.
 BatchRecord = tuple[bytes, int, int, int]
+Int64Array = npt.NDArray[np.int64]
+# A cold consume-queue unit (commit-log offset, size, tag hash) and the record header fields checked on append.
+_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
+_HEAD_DTYPE = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("skipped", "u1", (12,)), ("queue_offset", ">i8")])
+_HEAD_BYTES = np.arange(_HEAD_DTYPE.itemsize, dtype=np.int64)
+_PHYSICAL_OFFSET_BYTES = np.arange(POS_PHYSICAL_OFFSET, POS_PHYSICAL_OFFSET + 8, dtype=np.int64)
+assert _UNIT_DTYPE.itemsize == UNIT_SIZE and _HEAD_DTYPE.itemsize == POS_QUEUE_OFFSET + 8
+
+
+class PackedRecords(Protocol):
+    """Consecutive records of one queue from ``first_offset``, back to back in ``data``, with per-record
+    sizes, tag hashes and store timestamps as arrays (a hot store's ``HotBatch`` is one)."""
+
+    @property
+    def first_offset(self) -> int: ...
+
+    @property
+    def data(self) -> bytearray: ...
+
+    @property
+    def sizes(self) -> Int64Array: ...
+
+    @property
+    def tag_hashes(self) -> Int64Array: ...
+
+    @property
+    def store_timestamps(self) -> Int64Array: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRun:
+    """PackedRecords built from separate records."""
+
+    first_offset: int
+    data: bytearray
+    sizes: Int64Array
+    tag_hashes: Int64Array
+    store_timestamps: Int64Array
+
+    @classmethod
+    def of(cls, records: Sequence[BatchRecord]) -> RecordRun:
+        """The records (consecutive queue offsets from the first one's) packed into one buffer."""
+        return cls(
+            first_offset=records[0][1] if records else 0,
+            data=bytearray().join(record[0] for record in records),
+            sizes=np.fromiter((len(record[0]) for record in records), dtype=np.int64, count=len(records)),
+            tag_hashes=np.fromiter((record[3] for record in records), dtype=np.int64, count=len(records)),
+            store_timestamps=np.fromiter((record[2] for record in records), dtype=np.int64, count=len(records)),
+        )
 
 
 class FlatMessageFile:
@@ -267,25 +320,43 @@ class FlatMessageFile:
     async def append_batch(self, records: Sequence[BatchRecord]) -> int:
         """Buffer a run of consecutive messages in one pass; returns the cold commit-log offset of the first.
 
-        Each record is ``(raw, queue_offset, store_timestamp, tag_hash)``, queue offsets consecutive. The
-        same as ``append`` for each in turn, without a call per message: every record is validated
-        before anything is buffered, the records of one commit-log segment are laid into one buffer
-        with their PHYSICALOFFSETs rewritten in place, and their consume-queue units into another; a
-        batch crossing a segment's max size is split there and rolls as ``append`` would.
+        Each record is ``(raw, queue_offset, store_timestamp, tag_hash)``, queue offsets consecutive: the
+        records are packed into one buffer and appended by ``append_records``.
         """
         self._require_writable("append")
         if not records:
             return self.commit_log.append_offset
         first_offset = records[0][1]
-        if first_offset < 0:
-            raise ValidationError(f"queue offset {first_offset} must not be negative")
-        for index, (raw, queue_offset, _timestamp, _tag) in enumerate(records):
+        for index, (_raw, queue_offset, _timestamp, _tag) in enumerate(records):
             if queue_offset != first_offset + index:
                 raise ValidationError(
                     f"a batch for {self.topic}/{self.queue_id} must hold consecutive offsets: {queue_offset} "
                     f"follows {first_offset + index - 1}"
                 )
-            self._validate_record(raw, queue_offset)
+        return await self.append_records(RecordRun.of(records))
+
+    async def append_records(self, run: PackedRecords) -> int:
+        """Buffer consecutive messages packed in one buffer; returns the cold commit-log offset of the first.
+
+        The same as ``append`` for each in turn, without Python work per message: every record is
+        validated (size, magic, TOTALSIZE, QUEUEOFFSET following on from ``run.first_offset``) before
+        anything is buffered, all PHYSICALOFFSETs are rewritten in place in one operation, and the
+        consume-queue units are built as one array. A run crossing a segment's max size is split there
+        and rolls as ``append`` would. ``run.data`` is taken over (rewritten, then handed to the
+        commit log without a copy when the run fits one segment): the caller must not use it again.
+        """
+        self._require_writable("append")
+        sizes = np.asarray(run.sizes, dtype=np.int64)
+        count = len(sizes)
+        if count == 0:
+            return self.commit_log.append_offset
+        first_offset = run.first_offset
+        if first_offset < 0:
+            raise ValidationError(f"queue offset {first_offset} must not be negative")
+        data = run.data
+        starts = np.zeros(count, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        self._validate_packed(data, starts, sizes, first_offset)
         if self.consume_queue.is_empty:
             if self.commit_log.pending_bytes or self.consume_queue.pending_bytes:
                 raise ValidationError(f"{self}: buffered bytes without a consume-queue segment")
@@ -295,38 +366,64 @@ class FlatMessageFile:
                 f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {first_offset}"
             )
         await self.commit_log.try_rolling(self.clock())
-        sizes = [len(record[0]) for record in records]
+        timestamps = np.asarray(run.store_timestamps, dtype=np.int64)
+        tags = np.asarray(run.tag_hashes, dtype=np.int64)
         first_physical = self.commit_log.append_offset
         start = 0
-        while start < len(records):
-            count = min(
-                self.commit_log.fitting(sizes[start:]),
-                self.consume_queue.fitting([UNIT_SIZE] * (len(records) - start)),
+        while start < count:
+            end = start + min(
+                self.commit_log.fitting(sizes[start:]), self.consume_queue.fitting_items(UNIT_SIZE, count - start)
             )
-            await self._append_run(records[start : start + count], sum(sizes[start : start + count]))
-            start += count
+            begin, finish = int(starts[start]), int(starts[end - 1] + sizes[end - 1])
+            # One segment takes the whole buffer as it is; a split run copies each part out.
+            part = data if begin == 0 and finish == len(data) else data[begin:finish]
+            await self._append_run(
+                part, starts[start:end] - begin, sizes[start:end], tags[start:end], timestamps[start:end]
+            )
+            start = end
         return first_physical
 
-    async def _append_run(self, records: Sequence[BatchRecord], size: int) -> None:
-        """Buffer records that all go to the current (or next) segment of both files."""
-        timestamps = [record[2] for record in records]
-        oldest, newest = min(timestamps), max(timestamps)
+    async def _append_run(
+        self, data: bytearray, starts: Int64Array, sizes: Int64Array, tags: Int64Array, timestamps: Int64Array
+    ) -> None:
+        """Buffer records (back to back in ``data``) that all go to the current (or next) segment of both files."""
+        oldest, newest = int(timestamps.min()), int(timestamps.max())
         # Both files start, roll or commit first if they must, so the appends below only buffer: a
         # failure there can never leave records in the commit log without their units.
-        await self.consume_queue.prepare_append(len(records) * UNIT_SIZE, oldest)
-        await self.commit_log.prepare_append(size, oldest)
+        await self.consume_queue.prepare_append(len(sizes) * UNIT_SIZE, oldest)
+        await self.commit_log.prepare_append(len(data), oldest)
         physical_offset = self.commit_log.append_offset
-        data = bytearray().join(record[0] for record in records)
-        units = bytearray(len(records) * UNIT_SIZE)
-        position = 0
-        for index, (raw, _queue_offset, _timestamp, tag) in enumerate(records):
-            _PHYSICAL_OFFSET.pack_into(data, position + POS_PHYSICAL_OFFSET, physical_offset + position)
-            UNIT_STRUCT.pack_into(units, index * UNIT_SIZE, physical_offset + position, len(raw), tag)
-            position += len(raw)
+        physical = starts + physical_offset
+        flat = np.frombuffer(data, dtype=np.uint8)
+        flat[starts[:, None] + _PHYSICAL_OFFSET_BYTES] = physical.astype(">i8").view(np.uint8).reshape(-1, 8)
+        del flat  # the commit log takes the buffer over: no view of it may stay behind
+        units = np.empty(len(sizes), dtype=_UNIT_DTYPE)
+        units["commitlog_offset"] = physical
+        units["size"] = sizes
+        units["tag_hash"] = tags
         landed = await self.commit_log.append(data, oldest, newest)
         if landed != physical_offset:
             raise StorageError(f"{self}: commit log appended at {landed}, expected {physical_offset}")
-        await self.consume_queue.append(units, oldest, newest)
+        await self.consume_queue.append(units.tobytes(), oldest, newest)
+
+    def _validate_packed(self, data: bytearray, starts: Int64Array, sizes: Int64Array, first_offset: int) -> None:
+        """Every record of a packed run is a message of its size at its queue offset; the first that is
+        not raises what ``_validate_record`` raises for it."""
+        if int(sizes.sum()) != len(data):
+            raise ValidationError(f"records of {int(sizes.sum())} bytes in total were given {len(data)} bytes")
+        flat = np.frombuffer(data, dtype=np.uint8)
+        index = starts[:, None] + _HEAD_BYTES
+        np.clip(index, 0, max(0, len(flat) - 1), out=index)
+        heads = np.ascontiguousarray(flat[index]).view(_HEAD_DTYPE).reshape(len(sizes))
+        del flat
+        magic = heads["magic"]
+        bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
+        bad |= heads["queue_offset"] != np.arange(first_offset, first_offset + len(sizes), dtype=np.int64)
+        if bool(bad.any()):
+            first = int(np.argmax(bad))
+            begin = int(starts[first])
+            self._validate_record(bytes(data[begin : begin + int(sizes[first])]), first_offset + first)
+            raise ValidationError(f"the record for queue offset {first_offset + first} does not check out")
 
     def _validate_record(self, record: bytes, queue_offset: int) -> None:
         if len(record) < MIN_RECORD_SIZE:

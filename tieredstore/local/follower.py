@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
 import structlog
 
 from tieredstore.errors import CorruptRecordError, InvalidQueueError, NotFoundError, ValidationError
@@ -51,15 +52,22 @@ from tieredstore.formats.message import (
     HEADER_PREFIX,
     MAGIC_V1,
     MAGIC_V2,
-    NAME_VALUE_SEPARATOR,
     POS_BORN_HOST,
-    PROPERTY_TAGS,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     store_timestamp_of,
-    tag_hash,
 )
 from tieredstore.formats.naming import hot_file_name, validate_topic
+from tieredstore.local.batch import (
+    HotBatch,
+    build,
+    copy_records,
+    followed_problems,
+    located_prefix,
+    parse_units,
+    tag_hash_of,
+    units_from,
+)
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
 from tieredstore.local.queue import list_offset_files
@@ -84,7 +92,6 @@ _SHORT = struct.Struct(">h")
 _BYTE = struct.Struct(">b")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
-_TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
 DEFAULT_REFRESH_INTERVAL = 0.2
 
 
@@ -302,16 +309,6 @@ class _FollowedQueue:
         self.files = []
 
 
-def _tag_hash_of(properties: bytes) -> int:
-    """The tag hash a writer gives a record with these properties (0 without TAGS)."""
-    at = properties.find(_TAGS_MARKER)
-    if at < 0 or (at > 0 and properties[at - 1] != 0x02):
-        return 0
-    start = at + len(_TAGS_MARKER)
-    end = properties.find(b"\x02", start)
-    return tag_hash(properties[start : end if end >= 0 else len(properties)].decode("utf-8", "replace"))
-
-
 def record_problem(
     raw: bytes, unit: tuple[int, int, int], topic_raw: bytes, queue_id: int, queue_offset: int
 ) -> str | None:
@@ -351,7 +348,7 @@ def record_problem(
             return f"properties length {properties_len} does not end at the record size"
         if properties_len and raw[-1] != 0x02:
             return "properties do not end in 0x02 (not fully written)"
-        expected_tag = _tag_hash_of(raw[cursor:]) if properties_len else 0
+        expected_tag = tag_hash_of(raw[cursor:]) if properties_len else 0
         if expected_tag != tag:
             return f"unit tag hash {tag} where the record's TAGS give {expected_tag}"
     except struct.error as exc:
@@ -590,6 +587,52 @@ class HotStoreFollower(LocalMessageStore):
                 total += unit[1]
             return messages
 
+    def read_batch(
+        self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
+    ) -> HotBatch:
+        """``read_messages`` as one HotBatch (see ``tieredstore.local.batch``): the same records, each
+        checked again as it is copied out, all at once instead of one by one."""
+        with self._lock:
+            queue = self._fresh(topic, queue_id)
+            if queue is None:
+                return HotBatch.empty(topic, queue_id, queue_offset)
+            if queue_offset < queue.min_offset:
+                raise NotFoundError(
+                    f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset "
+                    f"{queue.min_offset}"
+                )
+            count = min(max_count, queue.max_offset - queue_offset)
+            if count <= 0:
+                return HotBatch.empty(topic, queue_id, queue_offset)
+            units = parse_units(units_from(queue.files, queue_offset, count), max_bytes)
+            held, which, local = located_prefix(self._log.files, units)
+            if held == 0:
+                # Retention took the file: relist now, so min_offset says so to the next caller.
+                self._log.refresh()
+                queue.refresh(self._log.min_offset, time.monotonic())
+                raise NotFoundError(f"offset {queue_offset} of {topic}/{queue_id} was just deleted by retention")
+            units = units[:held]
+            batch = build(
+                topic,
+                queue_id,
+                queue_offset,
+                units,
+                copy_records(self._log.files, which, local, units["size"].astype(np.int64)),
+            )
+            bad = followed_problems(batch, queue.topic_raw)
+            if bad is not None:
+                unit = tuple(int(field) for field in batch.units[bad].tolist())
+                problem = record_problem(
+                    batch.record(bad), (unit[0], unit[1], unit[2]), queue.topic_raw, queue_id, queue_offset + bad
+                )
+                raise CorruptRecordError(
+                    f"hot record of {topic}/{queue_id} offset {queue_offset + bad} changed after it was checked: "
+                    f"{problem or 'it fails the batch check'}",
+                    location="commitlog",
+                    offset=unit[0],
+                )
+            return batch
+
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         with self._lock:
             head = self._log.read(unit.commitlog_offset, min(unit.size, _TIMESTAMP_PREFIX))
@@ -652,7 +695,7 @@ class HotStoreFollower(LocalMessageStore):
     def put_messages(self, requests: Iterable[PutRequest]) -> list[PutResult]:
         self._refuse("puts")
 
-    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes]) -> list[PutResult]:
+    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> list[PutResult]:
         self._refuse("restores")
 
     def delete_expired(

@@ -53,6 +53,7 @@ from tieredstore.formats.message import (
     verify_record,
 )
 from tieredstore.formats.naming import validate_topic
+from tieredstore.local.batch import HotBatch, parse_units, read_written
 from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import CommitLog, ScanStop
 from tieredstore.local.config import LocalStoreConfig
@@ -904,6 +905,21 @@ class LocalMessageStore:
             messages.append(StoredMessage(offset, self.read_record(unit), unit))
             total += unit.size
         return messages
+
+    def read_batch(
+        self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
+    ) -> HotBatch:
+        """The messages ``read_messages`` gives, as one HotBatch: records joined in one buffer, units in
+        one array, checked all at once (see ``tieredstore.local.batch``)."""
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            return HotBatch.empty(topic, queue_id, queue_offset)
+        if queue_offset < queue.min_offset:
+            raise NotFoundError(
+                f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset {queue.min_offset}"
+            )
+        units = parse_units(queue.unit_bytes(queue_offset, max_count), max_bytes)
+        return read_written(self._commit_log, topic, queue_id, queue_offset, units)
 
     def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
         """The decoded message at ``queue_offset`` (body CRC checked)."""

@@ -1,0 +1,423 @@
+"""Batch reads of one hot queue: the archiver's read path, without Python work per message.
+
+``read_batch`` of the hot store (writer or follower) returns a :class:`HotBatch`: the queue's records
+from one offset copied back to back into one buffer, their consume-queue units as one numpy array and
+their store timestamps. The units of the whole range come from the consume-queue files in one slice
+per file; the records of one queue are scattered over the shared commit log, so each is one slice of
+its mapped file, joined once. Every check (TOTALSIZE and magic against the unit; for a follower also
+PHYSICALOFFSET, queue id and offset, topic, lengths, tag hash) runs on all records at once over a
+gather of their headers; only a follower's body CRC is computed per record (zlib). A record that
+fails is reported as the per-record readers report it: a CorruptRecordError naming topic, queue,
+queue offset and commit-log offset.
+
+Nothing here keeps a buffer of a mapped file: retention unmaps files while reads run in other
+threads, and an mmap with exported buffers cannot be closed. Slices of an mmap are copies.
+"""
+
+from __future__ import annotations
+
+import mmap
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.formats.consume_queue import UNIT_SIZE
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    NAME_VALUE_SEPARATOR,
+    POS_BORN_HOST,
+    PROPERTY_TAGS,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    tag_hash,
+)
+
+Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# A consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
+UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
+# The fixed head of a record, through STORETIMESTAMP behind an IPv6 born host (76 bytes; every record is longer).
+HEAD_BYTES = POS_BORN_HOST + 20 + 8
+HEAD_DTYPE = np.dtype(
+    [
+        ("total_size", ">i4"),
+        ("magic", ">u4"),
+        ("body_crc", ">i4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+        ("physical_offset", ">i8"),
+        ("sysflag", ">i4"),
+        ("born_timestamp", ">i8"),
+        ("hosts", "u1", (HEAD_BYTES - POS_BORN_HOST,)),
+    ]
+)
+assert HEAD_DTYPE.itemsize == HEAD_BYTES
+_TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
+
+
+class MappedRegion(Protocol):
+    """A mapped store file: where it starts in its address space, where it ends, and the mapping."""
+
+    @property
+    def start_offset(self) -> int: ...
+
+    @property
+    def end_offset(self) -> int: ...
+
+    @property
+    def buffer(self) -> mmap.mmap: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HotBatch:
+    """Consecutive records of one hot queue from ``first_offset``, back to back in ``data``.
+
+    ``units`` are their hot consume-queue units (UNIT_DTYPE), ``starts`` where each record begins in
+    ``data``, ``heads`` their fixed headers (HEAD_DTYPE) and ``store_timestamps`` their STORETIMESTAMPs.
+    ``data`` is the caller's to keep or hand on (the cold commit log takes it over, see
+    ``FlatMessageFile.append_records``).
+    """
+
+    topic: str
+    queue_id: int
+    first_offset: int
+    data: bytearray
+    units: np.ndarray
+    starts: Int64Array
+    heads: np.ndarray
+    store_timestamps: Int64Array
+
+    @classmethod
+    def empty(cls, topic: str, queue_id: int, first_offset: int) -> HotBatch:
+        nothing = np.zeros(0, dtype=np.int64)
+        return cls(
+            topic,
+            queue_id,
+            first_offset,
+            bytearray(),
+            np.zeros(0, UNIT_DTYPE),
+            nothing,
+            np.zeros(0, HEAD_DTYPE),
+            nothing,
+        )
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + len(self.units)
+
+    @property
+    def sizes(self) -> Int64Array:
+        return self.units["size"].astype(np.int64)
+
+    @property
+    def tag_hashes(self) -> Int64Array:
+        return self.units["tag_hash"].astype(np.int64)
+
+    @property
+    def record_bytes(self) -> int:
+        return len(self.data)
+
+    def record(self, index: int) -> bytes:
+        """The bytes of the ``index``-th record."""
+        start = int(self.starts[index])
+        return bytes(self.data[start : start + int(self.units["size"][index])])
+
+    def records_holding(self, marker: bytes) -> list[int]:
+        """Indexes of the records whose bytes contain ``marker``: one scan of the buffer, not one per record."""
+        ends = self.starts + self.sizes
+        found: list[int] = []
+        data = self.data
+        at = data.find(marker)
+        while at >= 0:
+            index = int(np.searchsorted(ends, at, side="right"))
+            if at + len(marker) <= ends[index]:
+                found.append(index)
+            # Continue after this record (a record counts once however often the marker occurs).
+            at = data.find(marker, max(at + 1, int(ends[index])))
+        return found
+
+
+def units_from(files: Sequence[MappedRegion], queue_offset: int, count: int) -> bytes:
+    """The raw units of ``count`` slots from ``queue_offset``, from consume-queue ``files`` (sorted by start).
+
+    Stops early where no mapped file holds the next slot (so the result may be shorter). A file
+    unmapped meanwhile (retention in another thread) is NotFoundError.
+    """
+    pieces: list[bytes] = []
+    position = queue_offset * UNIT_SIZE
+    end = (queue_offset + count) * UNIT_SIZE
+    starts = [file.start_offset for file in files]
+    index = int(np.searchsorted(starts, position, side="right")) - 1
+    while position < end and 0 <= index < len(files):
+        file = files[index]
+        if not file.start_offset <= position < file.end_offset:
+            break
+        local = position - file.start_offset
+        usable = (file.end_offset - file.start_offset) - local
+        take = min(end - position, usable - usable % UNIT_SIZE)
+        if take <= 0:
+            break
+        try:
+            pieces.append(file.buffer[local : local + take])
+        except ValueError as exc:
+            raise NotFoundError(f"consume-queue offset {position // UNIT_SIZE} was just deleted") from exc
+        position += take
+        index += 1
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def parse_units(raw: bytes, max_bytes: int) -> np.ndarray:
+    """``raw`` units as a UNIT_DTYPE array, cut before ``max_bytes`` of records (the first always stays)."""
+    units = np.frombuffer(raw, dtype=UNIT_DTYPE, count=len(raw) // UNIT_SIZE)
+    if len(units) > 1:
+        total = np.cumsum(units["size"], dtype=np.int64)
+        units = units[: max(1, int(np.searchsorted(total, max_bytes, side="right")))]
+    return units
+
+
+def located_prefix(files: Sequence[MappedRegion], units: np.ndarray) -> tuple[int, Int64Array, Int64Array]:
+    """How many leading units have their record wholly in one of the commit-log ``files``, with each
+    unit's file index and position in it."""
+    offsets = units["commitlog_offset"].astype(np.int64)
+    sizes = units["size"].astype(np.int64)
+    file_starts = np.array([file.start_offset for file in files], dtype=np.int64)
+    file_ends = np.array([file.end_offset for file in files], dtype=np.int64)
+    which = np.searchsorted(file_starts, offsets, side="right") - 1
+    held = which >= 0
+    safe = np.where(held, which, 0)
+    if len(files):
+        held &= (offsets + sizes <= file_ends[safe]) & (sizes > 0)
+    else:
+        held[:] = False
+    count = len(units) if bool(held.all()) else int(np.argmin(held))
+    local = offsets - (file_starts[safe] if len(files) else 0)
+    return count, safe[:count], local[:count]
+
+
+def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64Array, sizes: Int64Array) -> bytearray:
+    """The records at ``local`` in file ``which`` (sizes ``sizes``) joined into one buffer."""
+    buffers = [file.buffer for file in files]
+    begins = local.tolist()
+    ends = (local + sizes).tolist()
+    try:
+        if len(which) and int(which[0]) == int(which[-1]):
+            buffer = buffers[int(which[0])]
+            return bytearray().join([buffer[begin:end] for begin, end in zip(begins, ends, strict=True)])
+        return bytearray().join(
+            [buffers[w][begin:end] for w, begin, end in zip(which.tolist(), begins, ends, strict=True)]
+        )
+    except ValueError as exc:
+        raise NotFoundError("a commit-log file was just deleted by retention") from exc
+
+
+def _gather(flat: np.ndarray, positions: Int64Array, width: int) -> np.ndarray:
+    """(n, width) bytes of ``flat`` from each position, clipped into range (callers mask what runs past)."""
+    index = positions[:, None] + np.arange(width, dtype=np.int64)
+    np.clip(index, 0, max(0, len(flat) - 1), out=index)
+    return flat[index] if len(flat) else np.zeros(index.shape, dtype=np.uint8)
+
+
+def _as(matrix: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
+    """Rows of bytes read as one big-endian value (or record) each."""
+    return np.ascontiguousarray(matrix).view(dtype).reshape(len(matrix))
+
+
+def build(topic: str, queue_id: int, first_offset: int, units: np.ndarray, data: bytearray) -> HotBatch:
+    """A HotBatch of ``units`` whose records are ``data``; headers and store timestamps gathered at once.
+
+    Headers of records shorter than HEAD_BYTES read into the next record: check sizes before trusting them.
+    """
+    sizes = units["size"].astype(np.int64)
+    starts = np.zeros(len(units), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    flat = np.frombuffer(data, dtype=np.uint8)
+    heads = _as(_gather(flat, starts, HEAD_BYTES), HEAD_DTYPE)
+    hosts = heads["hosts"]
+    v6 = (heads["sysflag"] & SYSFLAG_BORNHOST_V6) != 0
+    ipv4_stamp = _as(hosts[:, 8:16], ">i8")
+    ipv6_stamp = _as(hosts[:, 20:28], ">i8")
+    store_timestamps = np.where(v6, ipv6_stamp, ipv4_stamp).astype(np.int64)
+    return HotBatch(topic, queue_id, first_offset, data, units.copy(), starts, heads, store_timestamps)
+
+
+def _first(bad: BoolArray) -> int | None:
+    return int(np.argmax(bad)) if bool(bad.any()) else None
+
+
+def check_written(batch: HotBatch) -> None:
+    """The writer's own records: each a whole message whose TOTALSIZE and magic agree with its unit.
+
+    CorruptRecordError for the first that is not (the same check ``check_unit_record`` makes one by one).
+    """
+    heads = batch.heads
+    sizes = batch.sizes
+    magic = heads["magic"]
+    bad = (sizes < MIN_RECORD_SIZE) | (heads["total_size"] != sizes) | ((magic != MAGIC_V1) & (magic != MAGIC_V2))
+    index = _first(bad)
+    if index is None:
+        return
+    size = int(sizes[index])
+    total, found = (int(heads["total_size"][index]), int(magic[index])) if size >= 8 else (0, 0)
+    raise CorruptRecordError(
+        f"hot record of {batch.topic}/{batch.queue_id} offset {batch.first_offset + index}: the consume-queue "
+        f"unit says {size} bytes but the record header says {total} (magic 0x{found:08x}; a message is at "
+        f"least {MIN_RECORD_SIZE} bytes)",
+        location="commitlog",
+        offset=int(batch.units["commitlog_offset"][index]),
+    )
+
+
+def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
+    """Index of the first record of a followed store that ``record_problem`` would refuse, or None.
+
+    The same checks, all records at once: magic, TOTALSIZE, PHYSICALOFFSET, queue id and offset, the
+    body, topic and properties lengths ending at the record's end, the topic, a final 0x02, the tag
+    hash (computed only for records whose properties hold TAGS or whose unit has a tag hash) and the
+    body CRC (zlib, per record).
+    """
+    count = len(batch)
+    if count == 0:
+        return None
+    heads = batch.heads
+    units = batch.units
+    sizes = batch.sizes
+    starts = batch.starts
+    magic = heads["magic"]
+    v2 = magic == MAGIC_V2
+    bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & ~v2) | (heads["total_size"] != sizes)
+    bad |= heads["physical_offset"] != units["commitlog_offset"]
+    bad |= heads["queue_id"] != batch.queue_id
+    bad |= heads["queue_offset"] != np.arange(batch.first_offset, batch.next_offset, dtype=np.int64)
+    flat = np.frombuffer(batch.data, dtype=np.uint8)
+    sysflag = heads["sysflag"]
+    born = np.where((sysflag & SYSFLAG_BORNHOST_V6) != 0, 20, 8)
+    stored = np.where((sysflag & SYSFLAG_STOREHOST_V6) != 0, 20, 8)
+    body_length_at = POS_BORN_HOST + born + 8 + stored + 12
+    bad |= body_length_at + 4 > sizes
+    body_length = _as(_gather(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
+    body_at = body_length_at + 4
+    bad |= (body_length < 0) | (body_at + body_length > sizes)
+    topic_length_at = body_at + body_length
+    topic_field = np.where(v2, 2, 1)
+    bad |= topic_length_at + topic_field > sizes
+    length_bytes = _gather(flat, starts + topic_length_at, 2)
+    topic_length = np.where(
+        v2, _as(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
+    )
+    topic_at = topic_length_at + topic_field
+    bad |= (topic_length != len(topic_raw)) | (topic_at + len(topic_raw) + 2 > sizes)
+    if topic_raw:
+        topics = _gather(flat, starts + topic_at, len(topic_raw))
+        bad |= (topics != np.frombuffer(topic_raw, dtype=np.uint8)).any(axis=1)
+    properties_at = topic_at + len(topic_raw) + 2
+    properties_length = _as(_gather(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
+    bad |= (properties_length < 0) | (properties_at + properties_length != sizes)
+    last_byte = flat[np.clip(starts + sizes - 1, 0, len(flat) - 1)]
+    bad |= (properties_length > 0) & (last_byte != 0x02)
+    first_bad = _first(bad)
+    # The rest is per record: only records before the first bad one need it (the rest are not served).
+    checked = count if first_bad is None else first_bad
+    tag_bad = _tag_mismatches(batch, properties_at, checked)
+    if tag_bad is not None:
+        checked = tag_bad
+    crc_bad = _crc_mismatch(batch, body_at, body_length, checked)
+    for candidate in (crc_bad, tag_bad, first_bad):
+        if candidate is not None:
+            return candidate
+    return None
+
+
+def tag_hash_of(properties: bytes) -> int:
+    """The tag hash a writer gives a record with these properties (0 without TAGS)."""
+    at = properties.find(_TAGS_MARKER)
+    if at < 0 or (at > 0 and properties[at - 1] != 0x02):
+        return 0
+    start = at + len(_TAGS_MARKER)
+    end = properties.find(b"\x02", start)
+    return tag_hash(properties[start : end if end >= 0 else len(properties)].decode("utf-8", "replace"))
+
+
+def _tag_mismatches(batch: HotBatch, properties_at: Int64Array, checked: int) -> int | None:
+    """The first of the first ``checked`` records whose unit tag hash is not its TAGS' hash, or None."""
+    tags = batch.units["tag_hash"][:checked].astype(np.int64)
+    suspects = set(np.flatnonzero(tags != 0).tolist())
+    suspects.update(index for index in batch.records_holding(_TAGS_MARKER) if index < checked)
+    for index in sorted(suspects):
+        start = int(batch.starts[index])
+        properties = bytes(batch.data[start + int(properties_at[index]) : start + int(batch.units["size"][index])])
+        if tag_hash_of(properties) != int(tags[index]):
+            return index
+    return None
+
+
+def _crc_mismatch(batch: HotBatch, body_at: Int64Array, body_length: Int64Array, checked: int) -> int | None:
+    """The first of the first ``checked`` records whose body CRC is not the one it holds, or None."""
+    crcs = batch.heads["body_crc"][:checked].astype(np.int64).tolist()
+    begins = (batch.starts[:checked] + body_at[:checked]).tolist()
+    ends = (batch.starts[:checked] + body_at[:checked] + body_length[:checked]).tolist()
+    crc32 = zlib.crc32
+    with memoryview(batch.data) as view:
+        for index, (begin, end, crc) in enumerate(zip(begins, ends, crcs, strict=True)):
+            if crc32(view[begin:end]) & 0x7FFFFFFF != crc:
+                return index
+    return None
+
+
+class WrittenLog(Protocol):
+    """The writer's commit log as ``read_written`` needs it."""
+
+    @property
+    def files(self) -> Sequence[MappedRegion]: ...
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def write_offset(self) -> int: ...
+
+
+def read_written(log: WrittenLog, topic: str, queue_id: int, first_offset: int, units: np.ndarray) -> HotBatch:
+    """The writer's records of ``units`` (from ``first_offset``) as a checked HotBatch.
+
+    NotFoundError when a record is no longer (or not) in the hot store: retention deleted its file.
+    """
+    if not len(units):
+        return HotBatch.empty(topic, queue_id, first_offset)
+    sizes = units["size"].astype(np.int64)
+    short = _first(sizes < MIN_RECORD_SIZE)
+    if short is not None:
+        raise CorruptRecordError(
+            f"hot record of {topic}/{queue_id} offset {first_offset + short}: the consume-queue unit says "
+            f"{int(sizes[short])} bytes, less than any message ({MIN_RECORD_SIZE})",
+            location="commitlog",
+            offset=int(units["commitlog_offset"][short]),
+        )
+    offsets = units["commitlog_offset"].astype(np.int64)
+    ends = offsets + sizes
+    files = list(log.files)
+    if int(offsets[0]) < log.min_offset or int(ends.max()) > log.write_offset:
+        raise NotFoundError(
+            f"records of {topic}/{queue_id} from offset {first_offset} are no longer (or not yet) in the hot store"
+        )
+    count, which, local = located_prefix(files, units)
+    if count < len(units):
+        raise NotFoundError(
+            f"the record of {topic}/{queue_id} offset {first_offset + count} is not in one commit-log file"
+        )
+    data = copy_records(files, which, local, sizes)
+    batch = build(topic, queue_id, first_offset, units, data)
+    check_written(batch)
+    return batch
