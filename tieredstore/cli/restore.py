@@ -27,11 +27,13 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
+import numpy as np
 import typer
 from rich.progress import (
     BarColumn,
@@ -61,14 +63,21 @@ from tieredstore.cli.common import (
     segment_rows,
 )
 from tieredstore.cli.read import QueueReader
-from tieredstore.errors import ConfigError, NotFoundError, ValidationError
+from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.runtime import local_store_config
 
 MIB = 1 << 20
 ExportFormat = Literal["jsonl", "raw"]
+# One record's bytes: a slice of the commit-log bytes a batch was read as.
+RecordBytes = bytes | memoryview
+# A cold consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
+_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
+# Units read at once when a queue's next batch needs more (1.25 MiB of units).
+_UNITS_PER_READ = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,9 @@ class RestoreRequest:
     until: int | None = None  # epoch ms, inclusive
     batch_messages: int = 4096
     batch_bytes: int = 16 * MIB
+    parallel: int = 4  # queues restored at once
+    read_ahead: int = 4  # batches read per queue ahead of the one being written
+    max_bytes_in_flight: int = 32 * MIB  # record bytes read from cold storage and not yet written
 
     def __post_init__(self) -> None:
         if (self.from_offset is not None or self.to_offset is not None) and (
@@ -91,6 +103,8 @@ class RestoreRequest:
             raise ValidationError("give an offset range (--from-offset/--to-offset) or a time range, not both")
         if self.batch_messages < 1 or self.batch_bytes < 1:
             raise ValidationError("batch sizes must be positive")
+        if self.parallel < 1 or self.read_ahead < 1 or self.max_bytes_in_flight < 1:
+            raise ValidationError("parallel queues, read-ahead and bytes in flight must be positive")
 
 
 @dataclass(slots=True)
@@ -140,6 +154,7 @@ class RestoreSummary:
     target: str
     queues: list[QueueOutcome] = field(default_factory=list)
     seconds: float = 0.0
+    peak_bytes_in_flight: int = 0
 
     @property
     def messages(self) -> int:
@@ -158,6 +173,7 @@ class RestoreSummary:
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "messages_per_second": round(rate, 1),
+            "peak_bytes_in_flight": self.peak_bytes_in_flight,
             "queues": [
                 {
                     **{k: v for k, v in asdict(q).items() if k != "lost"},
@@ -181,7 +197,7 @@ class RestoreSink(Protocol):
 
     def resume_offset(self, topic: str, queue_id: int, first: int, end: int) -> int: ...
 
-    def write(self, topic: str, queue_id: int, records: list[bytes]) -> None: ...
+    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None: ...
 
     def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None: ...
 
@@ -215,7 +231,7 @@ class HotStoreSink:
             )
         return min(held, end)
 
-    def write(self, topic: str, queue_id: int, records: list[bytes]) -> None:
+    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
         assert self.store is not None
         self.store.restore_messages(topic, queue_id, records)
 
@@ -284,14 +300,14 @@ class DirectorySink:
             self._save_progress(topic, queue_id)
         return resume
 
-    def write(self, topic: str, queue_id: int, records: list[bytes]) -> None:
+    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
         handle = self._handles[(topic, queue_id)]
         if self.format == "raw":
             handle.write(b"".join(records))
         else:
             lines = []
             for raw in records:
-                record = decode_message(raw, where=f"cold {topic}/{queue_id}")
+                record = decode_message(bytes(raw), where=f"cold {topic}/{queue_id}")
                 fields = message_fields(record, tier="cold", size=len(raw))
                 lines.append(json.dumps(fields, sort_keys=True).encode() + b"\n")
             handle.write(b"".join(lines))
@@ -349,28 +365,101 @@ async def _queue_range(node: ReadNode, flat_file: FlatMessageFile, request: Rest
     return first, max(first, end)
 
 
-async def _read_batch(flat_file: FlatMessageFile, offset: int, end: int, request: RestoreRequest) -> list[bytes]:
-    """Up to ``batch_messages`` records from ``offset``, cut at ``batch_bytes`` (at least one record)."""
-    units = await flat_file.read_units(offset, min(request.batch_messages, end - offset))
-    if not units:
-        raise NotFoundError(f"cold queue {flat_file.topic}/{flat_file.queue_id} has no unit at offset {offset}")
-    start = units[0].commitlog_offset
-    taken = 1
-    while taken < len(units) and units[taken].commitlog_offset + units[taken].size - start <= request.batch_bytes:
-        taken += 1
-    units = units[:taken]
-    raw = await flat_file.read_commit_log(start, units[-1].commitlog_offset + units[-1].size - start)
-    records: list[bytes] = []
-    for unit in units:
-        begin = unit.commitlog_offset - start
-        record = raw[begin : begin + unit.size]
-        if len(record) != unit.size:
-            raise NotFoundError(
-                f"cold commit log of {flat_file.topic}/{flat_file.queue_id} ends before the record at "
-                f"queue offset {offset + len(records)}"
-            )
-        records.append(record)
-    return records
+class _ByteBudget:
+    """Record bytes read from cold storage and not yet written, capped: a read waits until its bytes fit.
+
+    A batch larger than the whole cap still goes, alone (it takes the whole cap), so nothing waits forever.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, size: int) -> int:
+        """Wait until ``size`` bytes fit under the cap and hold them; returns what ``release`` takes back."""
+        size = min(size, self.limit)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.held + size <= self.limit)
+            self.held += size
+            self.peak = max(self.peak, self.held)
+        return size
+
+    async def release(self, size: int) -> None:
+        async with self._changed:
+            self.held -= size
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Consecutive records of one queue as read, and the bytes of the budget they hold until written."""
+
+    records: list[memoryview]
+    bytes: int
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Skip:
+    """The queue goes on at ``offset``: the offsets before it were never archived."""
+
+    offset: int
+
+
+async def _read_units(flat_file: FlatMessageFile, offset: int, count: int) -> np.ndarray:
+    """Up to ``count`` archived units from ``offset`` (fewer where a hole or the end comes first), one read."""
+    name = f"{flat_file.topic}/{flat_file.queue_id}"
+    raw = await flat_file.consume_queue.read(offset * UNIT_SIZE, count * UNIT_SIZE)
+    if len(raw) % UNIT_SIZE:
+        raise CorruptRecordError(
+            f"cold consume queue of {name} returned {len(raw)} bytes, not whole units", offset=offset * UNIT_SIZE
+        )
+    if not raw:
+        raise NotFoundError(f"cold queue {name} has no unit at offset {offset}")
+    units = np.frombuffer(raw, dtype=_UNIT_DTYPE)
+    broken = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] < 0))
+    if len(broken):
+        index = int(broken[0])
+        raise CorruptRecordError(
+            f"cold consume queue of {name} has a unit with negative offset {int(units['commitlog_offset'][index])} "
+            f"or size {int(units['size'][index])} at queue offset {offset + index}",
+            offset=(offset + index) * UNIT_SIZE,
+        )
+    return units
+
+
+async def _read_batch(
+    flat_file: FlatMessageFile, units: np.ndarray, offset: int, request: RestoreRequest, budget: _ByteBudget
+) -> _Batch:
+    """The records of ``units`` (from queue offset ``offset``) cut at ``batch_bytes`` (at least one record).
+
+    One commit-log read, once its bytes fit in the budget.
+    """
+    positions = units["commitlog_offset"].astype(np.int64)
+    start = int(positions[0])
+    ends = positions + units["size"].astype(np.int64) - start
+    over = np.flatnonzero(ends > request.batch_bytes)
+    taken = max(1, int(over[0])) if len(over) else len(units)
+    positions, ends = positions[:taken] - start, ends[:taken]
+    length = int(ends.max())
+    held = await budget.acquire(length)
+    try:
+        raw = await flat_file.read_commit_log(start, length)
+    except BaseException:
+        await budget.release(held)
+        raise
+    short = np.flatnonzero((positions < 0) | (ends > len(raw)))
+    if len(short):
+        await budget.release(held)
+        raise NotFoundError(
+            f"cold commit log of {flat_file.topic}/{flat_file.queue_id} ends before the record at queue offset "
+            f"{offset + int(short[0])}"
+        )
+    view = memoryview(raw)
+    records = [view[begin:stop] for begin, stop in zip(positions.tolist(), ends.tolist(), strict=True)]
+    return _Batch(records, int((ends - positions).sum()), held)
 
 
 async def restore_archive(
@@ -413,8 +502,24 @@ async def restore_archive(
     if on_plan is not None:
         on_plan(summary.queues)
     if not dry_run:
-        for flat_file, outcome in work:
-            await _restore_queue(flat_file, outcome, request, sink, on_progress)
+        budget = _ByteBudget(request.max_bytes_in_flight)
+        pending = iter(work)
+        # Every write goes through one thread: the store takes one at a time anyway, and one thread's
+        # allocations come back to one malloc arena instead of growing one per pool thread.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-writer") as writer:
+
+            async def worker() -> None:
+                for flat_file, outcome in pending:
+                    await _restore_queue(flat_file, outcome, request, sink, on_progress, budget, writer)
+
+            workers = [asyncio.create_task(worker()) for _ in range(min(request.parallel, len(work)))]
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                for task in workers:
+                    task.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        summary.peak_bytes_in_flight = budget.peak
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -425,40 +530,73 @@ async def _restore_queue(
     request: RestoreRequest,
     sink: RestoreSink,
     on_progress: Callable[[QueueOutcome, int], None] | None,
+    budget: _ByteBudget,
+    writer: Executor,
 ) -> None:
-    offset = outcome.resumed_at
+    """Read ahead of the writes (``read_ahead`` batches, within the budget) and write in queue-offset order.
+
+    The writes of all queues take turns in ``writer``'s one thread, so one batch is written at a time.
+    """
+    loop = asyncio.get_running_loop()
     end = outcome.end if outcome.stopped_at is None else outcome.stopped_at
+    ahead: asyncio.Queue[_Batch | _Skip | None] = asyncio.Queue(maxsize=request.read_ahead)
 
-    def readable(at: int) -> bool:
-        return at < end and flat_file.next_archived_offset(at) == at
-
-    def read_from(at: int) -> asyncio.Task[list[bytes]] | None:
-        return asyncio.create_task(_read_batch(flat_file, at, end, request)) if readable(at) else None
-
-    pending = read_from(offset)
-    try:
-        while True:
-            if pending is None:
-                if offset >= end:
-                    break
+    async def read_all() -> None:
+        offset = outcome.resumed_at
+        # Units are read many batches at a time (20 bytes each): one small read instead of one per batch.
+        units, units_at = np.empty(0, dtype=_UNIT_DTYPE), offset
+        while offset < end:
+            if flat_file.next_archived_offset(offset) != offset:
                 # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).
                 offset = min(flat_file.next_archived_offset(offset), end)
-                await asyncio.to_thread(sink.skip_to, outcome.topic, outcome.queue_id, offset)
-                pending = read_from(offset)
+                await ahead.put(_Skip(offset))
                 continue
-            records = await pending
-            following = offset + len(records)
-            # Read the next batch while this one is written: storage latency and local writes overlap.
-            pending = read_from(following)
-            await asyncio.to_thread(sink.write, outcome.topic, outcome.queue_id, records)
-            outcome.restored += len(records)
-            outcome.bytes += sum(len(r) for r in records)
-            offset = following
+            if offset - units_at >= len(units):
+                wanted = min(end - offset, max(request.batch_messages, _UNITS_PER_READ))
+                units, units_at = await _read_units(flat_file, offset, wanted), offset
+            within = offset - units_at
+            batch = await _read_batch(
+                flat_file, units[within : within + min(request.batch_messages, end - offset)], offset, request, budget
+            )
+            try:
+                await ahead.put(batch)
+            except BaseException:
+                await budget.release(batch.held)
+                raise
+            offset += len(batch.records)
+        await ahead.put(None)
+
+    reader = asyncio.create_task(read_all())
+    try:
+        while True:
+            taking = asyncio.ensure_future(ahead.get())
+            await asyncio.wait((taking, reader), return_when=asyncio.FIRST_COMPLETED)
+            if not taking.done():
+                taking.cancel()
+                reader.result()  # the reader failed: its error is the queue's
+                item = await ahead.get()  # (it cannot end without its sentinel)
+            else:
+                item = taking.result()
+            if item is None:
+                break
+            if isinstance(item, _Skip):
+                await asyncio.to_thread(sink.skip_to, outcome.topic, outcome.queue_id, item.offset)
+                continue
+            try:
+                await loop.run_in_executor(writer, sink.write, outcome.topic, outcome.queue_id, item.records)
+            finally:
+                await budget.release(item.held)
+            outcome.restored += len(item.records)
+            outcome.bytes += item.bytes
             if on_progress is not None:
-                on_progress(outcome, len(records))
+                on_progress(outcome, len(item.records))
     finally:
-        if pending is not None:
-            pending.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        while not ahead.empty():
+            left = ahead.get_nowait()
+            if isinstance(left, _Batch):
+                await budget.release(left.held)
     await asyncio.to_thread(sink.finish_queue, outcome.topic, outcome.queue_id)
 
 
@@ -527,6 +665,10 @@ def restore(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be restored; write nothing.")] = False,
     batch: Annotated[int, typer.Option(min=1, help="Messages per read from cold storage.")] = 4096,
+    parallel: Annotated[int, typer.Option(min=1, help="Queues restored at once.")] = 4,
+    in_flight_mib: Annotated[
+        int, typer.Option(min=1, help="Cap on record MiB read from cold storage and not yet written.")
+    ] = 32,
     progress: Annotated[
         bool | None, typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: on a terminal).")
     ] = None,
@@ -554,6 +696,8 @@ def restore(
         parse_time(since) if since is not None else None,
         parse_time(until) if until is not None else None,
         batch_messages=batch,
+        parallel=parallel,
+        max_bytes_in_flight=in_flight_mib * MIB,
     )
     show = progress if progress is not None else cli.output.err.is_terminal
 

@@ -9,6 +9,9 @@ Opened ``read_only`` it reads a RocketMQ broker's store directory without writin
 from __future__ import annotations
 
 import fcntl
+import functools
+import itertools
+import mmap
 import os
 import shutil
 import struct
@@ -19,8 +22,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 
 from tieredstore.errors import (
@@ -43,9 +48,13 @@ from tieredstore.formats.message import (
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
     MessageRecord,
+    RecordFields,
     RecordLayout,
     decode,
+    decode_properties,
     encode_properties,
     property_value,
     store_timestamp_of,
@@ -134,12 +143,65 @@ class PutResult(NamedTuple):
 
 
 class _Restorable(NamedTuple):
-    """A record checked for a restore, with the fields its consume-queue unit and result need."""
+    """A checked batch for a restore: the records joined, and what their units and results need."""
 
-    raw: bytes
-    queue_offset: int
-    tag_hash: int
-    store_timestamp: int
+    data: bytearray
+    sizes: list[int]
+    starts: npt.NDArray[np.int64]
+    first_offset: int
+    tag_hashes: list[int]
+    store_timestamps: list[int]
+    total: int
+
+
+# The head of a record with IPv4 hosts (the writer's layout), through BODYLEN: read for a whole batch at once.
+_RESTORE_HEAD = np.dtype(
+    [
+        ("total", ">i4"),
+        ("magic", ">u4"),
+        ("crc", ">i4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+        ("physical_offset", ">i8"),
+        ("sysflag", ">i4"),
+        ("born_timestamp", ">i8"),
+        ("born_host", "V8"),
+        ("store_timestamp", ">i8"),
+        ("store_host", "V8"),
+        ("reconsume_times", ">i4"),
+        ("prepared_offset", ">i8"),
+        ("body_len", ">i4"),
+    ]
+)
+assert _RESTORE_HEAD.itemsize == POS_BORN_HOST + 8 + 8 + 8 + 4 + 8 + 4
+_TAGS_NAME = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+_MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
+
+
+def _restore_field(
+    flat: npt.NDArray[np.uint8], positions: npt.NDArray[np.int64], dtype: np.dtype[Any]
+) -> npt.NDArray[Any]:
+    """The ``dtype`` value at each position (clipped into the buffer: callers mark records it runs past)."""
+    index = positions[:, None] + np.arange(dtype.itemsize, dtype=np.int64)
+    np.clip(index, 0, max(0, len(flat) - 1), out=index)
+    gathered = flat[index] if len(flat) else np.zeros(index.shape, dtype=np.uint8)
+    return np.ascontiguousarray(gathered).view(dtype).reshape(len(positions))
+
+
+def _release_pages(buffer: mmap.mmap, position: int, length: int) -> None:
+    """Unmap the pages a restore just wrote: they stay in the page cache (dirty ones are written back as
+    usual) and a read maps them again, but a restore of gigabytes does not keep them in its own RSS."""
+    if _MADV_DONTNEED is None:
+        return
+    begin = position - position % mmap.PAGESIZE
+    buffer.madvise(_MADV_DONTNEED, begin, position + length - begin)
+
+
+@functools.lru_cache(maxsize=1024)
+def _restore_tag_hash(tags: str | None) -> int:
+    """``tag_hash`` remembered: a topic's messages carry few distinct tags, and the hash is a loop per character."""
+    return tag_hash(tags)
 
 
 class StoredMessage(NamedTuple):
@@ -713,7 +775,7 @@ class LocalMessageStore:
             log_.write_blank(blank_offset, blank_size)
         return plan.positions
 
-    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes]) -> list[PutResult]:
+    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> list[PutResult]:
         """Append archived records at the queue offsets they carry: a restore from cold storage.
 
         The first record must carry the queue's max offset, or any offset when the queue has never
@@ -735,17 +797,10 @@ class LocalMessageStore:
             raise ValidationError("the hot store is closed")
         if not records:
             return []
-        topic_raw = topic.encode("utf-8")
-        decoded = [self._restorable(topic, topic_raw, queue_id, bytes(raw)) for raw in records]
-        first = decoded[0].queue_offset
-        for index, record in enumerate(decoded):
-            if record.queue_offset != first + index:
-                raise ValidationError(
-                    f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
-                    f"{record.queue_offset} follows {first + index - 1}"
-                )
+        checked = self._restorable(topic, queue_id, records)
+        first = checked.first_offset
         with self._put_lock:
-            self._check_disk(sum(len(record.raw) for record in decoded) + UNIT_SIZE * len(decoded))
+            self._check_disk(checked.total + UNIT_SIZE * len(checked.sizes))
             queue = self._queue(topic, queue_id)
             if queue.max_offset != first and not (queue.max_offset == 0 and queue.min_offset == 0):
                 raise ValidationError(
@@ -755,11 +810,85 @@ class LocalMessageStore:
             if queue.max_offset != first:
                 # A queue that never held a message is rebased by its first unit, which must come before
                 # any reservation: reserving would create its files at offset 0.
-                results = self._restore_locked(queue, decoded[:1], reserve_units=False)
-                return results + self._restore_locked(queue, decoded[1:], reserve_units=True)
-            return self._restore_locked(queue, decoded, reserve_units=True)
+                results = self._restore_locked(queue, checked, 0, 1, reserve_units=False)
+                return results + self._restore_locked(queue, checked, 1, len(checked.sizes), reserve_units=True)
+            return self._restore_locked(queue, checked, 0, len(checked.sizes), reserve_units=True)
 
-    def _restorable(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> _Restorable:
+    def _restorable(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> _Restorable:
+        """Every record checked at once and joined into one buffer; the first that breaks a rule raises.
+
+        The fixed-position fields of all records are gathered and compared together; only the body
+        CRC (zlib) and a TAGS lookup are per record. A record the batch check cannot prove sound goes
+        through ``_restorable_one``, which raises the error it deserves (or accepts a layout the
+        batch check does not take the short way, such as IPv6 hosts).
+        """
+        topic_raw = topic.encode("utf-8")
+        data = bytearray().join(records)
+        count = len(records)
+        sizes = np.fromiter((len(raw) for raw in records), dtype=np.int64, count=count)
+        starts = np.zeros(count, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        flat = np.frombuffer(data, dtype=np.uint8)
+        heads = _restore_field(flat, starts, _RESTORE_HEAD)
+        magic = heads["magic"]
+        v2 = magic == MAGIC_V2
+        suspect = (sizes < _RESTORE_HEAD.itemsize) | (heads["total"] != sizes) | ((magic != MAGIC_V1) & ~v2)
+        # The short way takes IPv4 hosts only (the writer's own layout): BODYLEN at a fixed position.
+        suspect |= (heads["sysflag"] & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) != 0
+        suspect |= heads["queue_id"] != queue_id
+        body_len = heads["body_len"].astype(np.int64)
+        suspect |= (body_len < 0) | (body_len > self.config.max_message_size)
+        topic_len_at = _RESTORE_HEAD.itemsize + body_len
+        topic_at = topic_len_at + np.where(v2, 2, 1)
+        tail_at = topic_at + len(topic_raw)
+        suspect |= tail_at + 2 > sizes
+        # Past the body, only records whose fields lie inside them are read (suspects read position 0).
+        sound = ~suspect
+        topic_len = np.where(
+            v2,
+            _restore_field(flat, np.where(sound, starts + topic_len_at, 0), np.dtype(">i2")).astype(np.int64),
+            _restore_field(flat, np.where(sound, starts + topic_len_at, 0), np.dtype("i1")).astype(np.int64),
+        )
+        suspect |= topic_len != len(topic_raw)
+        if topic_raw:
+            topics = _restore_field(flat, np.where(sound, starts + topic_at, 0), np.dtype(f"V{len(topic_raw)}"))
+            suspect |= topics != np.void(topic_raw)
+        props_len = _restore_field(flat, np.where(sound, starts + tail_at, 0), np.dtype(">i2")).astype(np.int64)
+        suspect |= (props_len < 0) | (tail_at + 2 + props_len != sizes)
+        del flat
+        crcs = heads["crc"].tolist()
+        body_ats = (starts + _RESTORE_HEAD.itemsize).tolist()
+        body_ends = (starts + _RESTORE_HEAD.itemsize + body_len).tolist()
+        props_ats = (starts + tail_at + 2).tolist()
+        ends = (starts + sizes).tolist()
+        holds_tags = (props_len >= len(_TAGS_NAME)).tolist()
+        bad = suspect.tolist()
+        queue_offsets = heads["queue_offset"].tolist()
+        stamps = heads["store_timestamp"].tolist()
+        tag_hashes = [0] * count
+        crc32, find = zlib.crc32, data.find
+        with memoryview(data) as view:
+            for index, begin in enumerate(body_ats):
+                if bad[index] or crc32(view[begin : body_ends[index]]) & 0x7FFFFFFF != crcs[index]:
+                    # Raises for a broken record; a sound one of another layout comes back with its fields.
+                    raw = bytes(records[index])
+                    fields = self._restorable_one(topic, topic_raw, queue_id, raw)
+                    queue_offsets[index], stamps[index] = fields.queue_offset, fields.store_timestamp
+                    tag_hashes[index] = _restore_tag_hash(property_value(raw, fields, PROPERTY_TAGS))
+                elif holds_tags[index] and find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
+                    properties = bytes(view[props_ats[index] : ends[index]])
+                    tag_hashes[index] = _restore_tag_hash(decode_properties(properties).get(PROPERTY_TAGS))
+        first = queue_offsets[0]
+        for index, queue_offset in enumerate(queue_offsets):
+            if queue_offset != first + index:
+                raise ValidationError(
+                    f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
+                    f"{queue_offset} follows {first + index - 1}"
+                )
+        return _Restorable(data, sizes.tolist(), starts, first, tag_hashes, stamps, int(sizes.sum()))
+
+    def _restorable_one(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> RecordFields:
+        """One record checked on its own, every rule in turn: the errors a bad record of a restore gets."""
         location = f"restored record of {topic}/{queue_id}"
         fields = verify_record(raw, location=location)
         owner_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]
@@ -775,39 +904,63 @@ class LocalMessageStore:
             raise MessageTooLargeError(
                 f"restored body is {fields.body_len} bytes; max_message_size is {self.config.max_message_size}"
             )
-        tags = property_value(raw, fields, PROPERTY_TAGS)
-        return _Restorable(raw, fields.queue_offset, tag_hash(tags), fields.store_timestamp)
+        return fields
 
     def _restore_locked(
-        self, queue: ConsumeQueue, batch: Sequence[_Restorable], *, reserve_units: bool
+        self, queue: ConsumeQueue, batch: _Restorable, begin: int, end: int, *, reserve_units: bool
     ) -> list[PutResult]:
-        if not batch:
+        """Records [begin, end) of a checked batch: one commit-log write per file they land in, one units append."""
+        if begin >= end:
             return []
-        sizes = [len(record.raw) for record in batch]
+        sizes = batch.sizes[begin:end]
+        starts = batch.starts[begin:end]
         log_ = self._commit_log
-        self._check_disk(sum(sizes) + UNIT_SIZE * len(batch))
+        self._check_disk(sum(sizes) + UNIT_SIZE * len(sizes))
         plan = log_.plan(sizes)
         log_.prepare(plan)
         if reserve_units:
-            queue.prepare(len(batch))
+            queue.prepare(len(sizes))
         for blank_offset, blank_size in plan.blanks:
             log_.write_blank(blank_offset, blank_size)
-        units: list[tuple[int, ConsumeQueueUnit]] = []
-        results: list[PutResult] = []
-        for record, offset, size in zip(batch, plan.positions, sizes, strict=True):
-            file = log_.write(offset, record.raw)
-            _OFFSET.pack_into(file.buffer, offset - file.start_offset + POS_PHYSICAL_OFFSET, offset)
-            units.append((record.queue_offset, ConsumeQueueUnit(offset, size, record.tag_hash)))
-            results.append(
-                PutResult(queue.topic, queue.queue_id, record.queue_offset, offset, size, record.store_timestamp)
-            )
-            self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
+        positions = np.array(plan.positions, dtype=np.int64)
+        # PHYSICALOFFSET becomes where each record lands here, in the joined buffer, before it is copied.
+        flat = np.frombuffer(batch.data, dtype=np.uint8)
+        flat[(starts + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = (
+            positions.astype(">i8").view(np.uint8).reshape(len(sizes), 8)
+        )
+        del flat
+        # Records are laid back to back except where a blank ends a file: one copy per run.
+        breaks = np.flatnonzero(np.diff(positions) != np.diff(starts)) + 1
+        bounds = [0, *breaks.tolist(), len(sizes)]
+        with memoryview(batch.data) as view:
+            for low, high in itertools.pairwise(bounds):
+                source = int(starts[low])
+                length = int(starts[high - 1]) + sizes[high - 1] - source
+                offset = int(positions[low])
+                file = log_.file_for(offset)
+                assert file is not None and offset + length <= file.end_offset
+                local = offset - file.start_offset
+                file.buffer[local : local + length] = view[source : source + length]
+                _release_pages(file.buffer, local, length)
+        offsets = plan.positions
+        tags = batch.tag_hashes[begin:end]
+        stamps = batch.store_timestamps[begin:end]
+        first = batch.first_offset + begin
+        topic, queue_id = queue.topic, queue.queue_id
+        results = [
+            PutResult(topic, queue_id, first + index, offset, size, stamp)
+            for index, (offset, size, stamp) in enumerate(zip(offsets, sizes, stamps, strict=True))
+        ]
+        self._last_store_timestamp = max(self._last_store_timestamp, max(stamps))
         # As in _put: records are published before the units that point at them.
         log_.write_offset = plan.end_offset
-        for queue_offset, unit in units:
-            queue.append(unit, queue_offset)
+        if reserve_units:
+            queue.append_units(list(zip(offsets, sizes, tags, strict=True)))
+        else:
+            for index, (offset, size, tag) in enumerate(zip(offsets, sizes, tags, strict=True)):
+                queue.append(ConsumeQueueUnit(offset, size, tag), first + index)
         self._dispatched_offset = plan.end_offset
-        self._unit_count += len(batch)
+        self._unit_count += len(sizes)
         return results
 
     def _check_disk(self, incoming: int, now_ms: int | None = None) -> None:
