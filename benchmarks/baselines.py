@@ -99,12 +99,38 @@ def tree_bytes(paths: Sequence[Path]) -> int:
     return total
 
 
-def raw_cp(sources: Sequence[Path], destination: Path, *, items: int) -> Measurement:
-    """``cp -r`` of ``sources`` into the directory ``destination``; ``items`` is what the bytes hold (messages)."""
+def raw_cp(sources: Sequence[Path], destination: Path, *, items: int, fsync: bool = False) -> Measurement:
+    """``cp -r`` of ``sources`` into the directory ``destination``; ``items`` is what the bytes hold (messages).
+
+    ``fsync``: then make the copy durable, each copied file and directory fsynced (timed too), as a
+    store must before it acknowledges: the durability-equivalent of what the archiver does per commit.
+    """
     destination.mkdir(parents=True, exist_ok=True)
     with stopwatch() as elapsed:
         subprocess.run(["cp", "-r", "--", *map(str, sources), str(destination)], check=True)
+        if fsync:
+            fsync_tree(destination)
     return Measurement(seconds=elapsed(), items=items, bytes=tree_bytes(sources))
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every regular file under ``root``, then every directory (so the new entries are durable too)."""
+    directories = [root]
+    for path in sorted(root.rglob("*")):
+        if path.is_dir():
+            directories.append(path)
+        elif path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for directory in directories:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def s3_client(client_options: dict[str, Any], *, max_pool_connections: int = 10) -> Any:
