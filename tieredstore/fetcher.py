@@ -21,22 +21,33 @@ machine's physical memory (``accessMessageInMemoryMaxRatio``); anything older is
 left the page cache, and is served from cold storage when cold storage has it.
 
 **Cold reads.** A miss reads one consume-queue range and one commit-log range for up to
-``read_ahead_count`` messages, trimmed from the end to ``read_ahead_size`` bytes but never below one
-message. The records are split by their consume-queue units; each is checked (size, magic, body
-CRC, queue offset) when it is served, so a corrupt record is a ``CorruptRecordError`` naming its
-topic, queue and offset, and a corrupt record further ahead does not fail an earlier batch.
+``read_ahead_count`` messages (a window), trimmed from the end to ``read_ahead_size`` bytes but never
+below one message. The records are split by their consume-queue units and each is checked once, when
+the window is read (``check_window``: size, magic, lengths, body CRC, topic, queue id and queue
+offset, all records at once with numpy, one ``zlib.crc32`` per body). A record that fails keeps its
+``CorruptRecordError`` naming its topic, queue and offset, raised to whoever asks for that offset;
+a corrupt record further ahead does not fail an earlier batch. Serving is slicing only.
 
-**Read-ahead cache.** Each read ahead is kept as one entry, a ``ReadAheadBatch`` (the commit-log
-bytes as read, with each record's consume-queue unit), under (topic, queue, first offset): one cache
+**Prefetching.** When a window is read for the cache, the next window of the same queue is read in
+the background (one per queue, and only while the cache, with the windows in flight, stays under its
+bypass threshold). The reader who reaches it takes it (waiting if it is still in flight; its read
+error, if any, is raised to that reader, and the next call reads again); a reader who goes elsewhere
+cancels it, and ``close`` cancels them all. A prefetched window counts a miss when its reader reaches
+it, as a window read then would: the hit and miss metrics do not depend on prefetching. While
+prefetches are in flight, ``get_messages`` yields to the event loop once per call so they progress
+even when every call is served from the cache.
+
+**Read-ahead cache.** Each window is kept as one entry, a ``ReadAheadBatch`` (the commit-log bytes as
+read, each record's place in them, the check's outcome), under (topic, queue, first offset): one cache
 operation per read ahead, not per record. The cache is bounded in bytes (``read_ahead_cache_bytes``,
 each batch weighing its bytes) and a batch expires ``read_ahead_ttl`` after its last access (a hit on
 any of its records renews it). While the cache holds more than 80% of its bound, misses read only
 what the request needs and add nothing to it. Hits and misses are metrics, and so are evictions (by
 size or by age), counted in records.
 
-**Checks and decoding.** Every record served is checked (size, magic, body CRC, topic, queue and
-queue offset) by ``verify_record`` without building it; ``FetchedMessage.record`` decodes it (hosts,
-properties) on first access, so a consumer that wants the bytes or the body pays for no more.
+**Decoding.** ``FetchedMessage.record`` decodes a record (hosts, properties) on first access, so a
+consumer that wants the bytes or the body pays for no more. Hot records are checked as they are
+served (``verify_served``), one by one.
 
 **Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
 that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
@@ -59,11 +70,12 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import cachetools
+import numpy as np
 import structlog
 
 from tieredstore.config import ReadPolicy, ReadSettings
@@ -79,11 +91,14 @@ from tieredstore.errors import (
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
-from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.message import (
+    HEADER_PREFIX,
     MAGIC_V1,
     MAGIC_V2,
     MIN_RECORD_SIZE,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
     MessageRecord,
     decode,
     java_string_hash,
@@ -146,12 +161,14 @@ class MessageFilter:
         return self.predicate is None or self.predicate(record)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class FetchedMessage:
     """One message as served: where it is, which tier served it, its raw record bytes and decoded view.
 
     The bytes were checked when the message was served; ``decoded`` is the decoded record when the
-    server already had it, otherwise ``record`` decodes it on first access.
+    server already had it, otherwise ``record`` decodes it on first access. A value: treat it as
+    immutable (it hashes by its fields). It is not a frozen dataclass only because building one costs
+    twice as much, once per message served.
     """
 
     topic: str
@@ -165,8 +182,7 @@ class FetchedMessage:
     def record(self) -> MessageRecord:
         record = self.decoded
         if record is None:
-            record = decode(self.raw, check_crc=False)
-            object.__setattr__(self, "decoded", record)
+            record = self.decoded = decode(self.raw, check_crc=False)
         return record
 
     @property
@@ -208,47 +224,186 @@ class GetMessageResult:
     messages: list[FetchedMessage] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    """Record bytes as read from a tier, not yet checked, with the unit that pointed at them."""
+# ---- read-ahead windows, checked once ----------------------------------------------------------------
 
-    raw: bytes
-    unit: ConsumeQueueUnit
+# A consume-queue unit and a record's fixed 48-byte head, as numpy reads them (big-endian, packed).
+_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
+_HEAD_DTYPE = np.dtype(
+    [
+        ("total", ">i4"),
+        ("magic", ">u4"),
+        ("body_crc", ">i4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+        ("physical_offset", ">i8"),
+        ("sysflag", ">i4"),
+        ("born_timestamp", ">i8"),
+    ]
+)
+assert _UNIT_DTYPE.itemsize == UNIT_SIZE and _HEAD_DTYPE.itemsize == HEADER_PREFIX.size
+# From the end of the head to BODYLEN: born host, STORETIMESTAMP(8), store host, RECONSUMETIMES(4), PREPAREDTXOFFSET(8).
+_BODY_LEN_AFTER_HOSTS = HEADER_PREFIX.size + 8 + 4 + 8
 
 
-# ---- the read-ahead cache ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class ReadAheadBatch:
-    """The records of one commit-log range read: the bytes as read and each record's consume-queue unit.
+    """One read-ahead window: the commit-log bytes as read, each record's place in them, checked once.
 
-    The record at queue offset ``first_offset + i`` is ``units[i]``'s slice of ``data``, which starts at
-    ``units[0]``'s commit-log offset. Nothing here is checked yet: each record is when it is served.
+    The record at queue offset ``first_offset + i`` is ``data[starts[i]:ends[i]]``, with consume-queue tag
+    hash ``tag_hashes[i]``; ``data`` begins at commit-log offset ``commitlog_start``. Every record was
+    checked when the window was read (``check_window``); ``corrupt`` holds the typed error of each one
+    that failed, raised to whoever asks for that offset. Serving the others is slicing only.
     """
 
     topic: str
     queue_id: int
     first_offset: int
     data: bytes = field(repr=False)
-    units: Sequence[ConsumeQueueUnit] = field(repr=False)
+    starts: list[int] = field(repr=False)
+    ends: list[int] = field(repr=False)
+    tag_hashes: list[int] = field(repr=False)
+    commitlog_start: int = 0
+    corrupt: dict[int, CorruptRecordError] = field(default_factory=dict, repr=False)
 
     @property
     def end_offset(self) -> int:
-        return self.first_offset + len(self.units)
+        return self.first_offset + len(self.starts)
 
-    def stored(self, queue_offset: int) -> _Stored:
-        """The bytes and unit of the record at ``queue_offset`` (inside the batch)."""
-        unit = self.units[queue_offset - self.first_offset]
-        begin = unit.commitlog_offset - self.units[0].commitlog_offset
-        return _Stored(self.data[begin : begin + unit.size], unit)
+    def __len__(self) -> int:
+        return len(self.starts)
 
-    def run(self, offset: int, limit: int) -> list[tuple[int, _Stored]]:
-        """Up to ``limit`` records from ``offset`` to the batch's end."""
-        return [(position, self.stored(position)) for position in range(offset, min(self.end_offset, offset + limit))]
+    def raw(self, queue_offset: int) -> bytes:
+        index = queue_offset - self.first_offset
+        return self.data[self.starts[index] : self.ends[index]]
+
+    def unit(self, queue_offset: int) -> ConsumeQueueUnit:
+        """The consume-queue unit that pointed at the record (for messages about it)."""
+        index = queue_offset - self.first_offset
+        start = self.starts[index]
+        return ConsumeQueueUnit(self.commitlog_start + start, self.ends[index] - start, self.tag_hashes[index])
+
+    def raise_if_corrupt(self, begin: int, end: int) -> None:
+        """The CorruptRecordError of the first corrupt record in [begin, end), if there is one."""
+        if self.corrupt:
+            bad = [offset for offset in self.corrupt if begin <= offset < end]
+            if bad:
+                raise self.corrupt[min(bad)].with_traceback(None)
+
+    def messages(self, begin: int, end: int) -> list[FetchedMessage]:
+        """The records at [begin, end) as messages (checked when the window was read; nothing decoded)."""
+        self.raise_if_corrupt(begin, end)
+        data, topic, queue_id = self.data, self.topic, self.queue_id
+        low, high = begin - self.first_offset, end - self.first_offset
+        return [
+            FetchedMessage(topic, queue_id, offset, "cold", data[start:stop])
+            for offset, start, stop in zip(range(begin, end), self.starts[low:high], self.ends[low:high], strict=True)
+        ]
+
+
+def parse_units(raw: bytes, location: str, position: int) -> np.ndarray:
+    """Consume-queue bytes as a structured array (``_UNIT_DTYPE``), with ``iter_units``' checks and errors."""
+    if len(raw) % UNIT_SIZE:
+        raise CorruptRecordError(
+            f"consume queue returned {len(raw)} bytes, not whole units", location=location, offset=position
+        )
+    units = np.frombuffer(raw, dtype=_UNIT_DTYPE)
+    if len(units) and (units["commitlog_offset"].min() < 0 or units["size"].min() < 0):
+        list(iter_units(raw))  # raises the CorruptRecordError naming the first bad unit
+    return units
+
+
+def check_window(
+    topic: str, queue_id: int, first_offset: int, data: bytes, commitlog_start: int, units: np.ndarray
+) -> ReadAheadBatch:
+    """Split a commit-log read by its consume-queue units and check every record once (see ``verify_served``).
+
+    A vectorised pass over the window flags each record that may fail any of ``verify_served``'s checks;
+    ``verify_served`` then judges each flagged record, so the errors (and which records are corrupt) are
+    exactly what checking record by record gives.
+    """
+    begins = units["commitlog_offset"].astype(np.int64) - commitlog_start
+    ends = begins + units["size"].astype(np.int64)
+    batch = ReadAheadBatch(
+        topic, queue_id, first_offset, data, begins.tolist(), ends.tolist(), units["tag_hash"].tolist(), commitlog_start
+    )
+    for index in _suspect_records(_topic_bytes(topic), queue_id, first_offset, data, begins, ends - begins).tolist():
+        queue_offset = first_offset + index
+        raw = data[batch.starts[index] : batch.ends[index]]
+        try:
+            verify_served(topic, queue_id, queue_offset, raw, batch.unit(queue_offset), "cold")
+        except CorruptRecordError as error:
+            batch.corrupt[queue_offset] = error
+    return batch
+
+
+def _suspect_records(
+    topic_raw: bytes, queue_id: int, first_offset: int, data: bytes, begins: np.ndarray, sizes: np.ndarray
+) -> np.ndarray:
+    """Indexes of the records that may fail ``verify_served``: never fewer than do (it may flag more).
+
+    Each check of ``verify_served``/``verify_record`` is made for all records at once on their fixed
+    fields and on the length fields they locate; the body CRC is one ``zlib.crc32`` per record.
+    """
+    count = len(begins)
+    length = len(data)
+    ok = (begins >= 0) & (sizes >= MIN_RECORD_SIZE) & (begins + sizes <= length)
+    if not ok.any():
+        return np.arange(count)
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    base = np.where(ok, begins, 0)
+    last = length - 1
+
+    def gather(at: np.ndarray | int, width: int) -> np.ndarray:
+        """``width`` bytes at ``base + at`` of each record, as an (count, width) array (clipped to the data)."""
+        index = (base + at)[:, None] + np.arange(width)
+        return buffer[np.minimum(index, last)]
+
+    head = gather(0, HEADER_PREFIX.size).view(_HEAD_DTYPE)[:, 0]
+    magic = head["magic"]
+    ok &= (magic == MAGIC_V1) | (magic == MAGIC_V2)
+    ok &= head["total"] == sizes
+    ok &= head["queue_id"] == queue_id
+    ok &= head["queue_offset"] == np.arange(first_offset, first_offset + count, dtype=np.int64)
+    sysflag = head["sysflag"]
+    body_len_at = (
+        _BODY_LEN_AFTER_HOSTS
+        + np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
+        + np.where(sysflag & SYSFLAG_STOREHOST_V6, 20, 8)
+    )
+    ok &= body_len_at + 4 <= sizes
+    body_len = gather(body_len_at, 4).view(">i4")[:, 0].astype(np.int64)
+    body_at = body_len_at + 4
+    ok &= (body_len >= 0) & (body_at + body_len <= sizes)
+    body_len = np.where(ok, body_len, 0)
+    topic_len_at = body_at + body_len
+    v2 = magic == MAGIC_V2
+    topic_len_width = np.where(v2, 2, 1)
+    ok &= topic_len_at + topic_len_width <= sizes
+    pair = gather(topic_len_at, 2)
+    topic_len = np.where(v2, pair.view(">i2")[:, 0], pair[:, 0].view(np.int8))
+    topic_at = topic_len_at + topic_len_width
+    # The topic must be ours (so its length is too), and PROPLEN(2) must follow it inside the record.
+    ok &= (topic_len == len(topic_raw)) & (topic_at + len(topic_raw) + 2 <= sizes)
+    ok &= (gather(topic_at, len(topic_raw)) == np.frombuffer(topic_raw, dtype=np.uint8)).all(axis=1)
+    properties_len_at = topic_at + len(topic_raw)
+    properties_len = gather(properties_len_at, 2).view(">i2")[:, 0]
+    ok &= (properties_len >= 0) & (properties_len_at + 2 + properties_len == sizes)
+    checked = np.flatnonzero(ok)
+    body_starts = (base + body_at)[checked]
+    view = memoryview(data)
+    crc32 = zlib.crc32
+    computed = [
+        crc32(view[start:stop]) & 0x7FFFFFFF
+        for start, stop in zip(body_starts.tolist(), (body_starts + body_len[checked]).tolist(), strict=True)
+    ]
+    ok[checked] = head["body_crc"][checked] == np.array(computed, dtype=np.int64)
+    return np.flatnonzero(~ok)
 
 
 _BatchKey = tuple[str, int, int]
+# A cached run: records [begin, end) of one batch.
+CachedRun = tuple[ReadAheadBatch, int, int]
 
 
 class _ByteTTLCache(cachetools.TTLCache[_BatchKey, ReadAheadBatch]):
@@ -294,13 +449,14 @@ class ReadAheadCache:
     ) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
+        self.clock = clock
         self.metrics = metrics or Metrics()
         self._cache = _ByteTTLCache(max(max_bytes, 1), ttl, clock, self._count_evicted)
         # Per queue, the [first, end) offsets of the batches put; an entry whose batch has gone is dropped lazily.
         self._spans: dict[tuple[str, int], dict[int, int]] = {}
 
     def _count_evicted(self, batches: list[ReadAheadBatch]) -> None:
-        self.metrics.cache_evictions.inc(sum(len(batch.units) for batch in batches))
+        self.metrics.cache_evictions.inc(sum(len(batch) for batch in batches))
 
     @property
     def enabled(self) -> bool:
@@ -315,31 +471,34 @@ class ReadAheadCache:
     def __len__(self) -> int:
         """Records held now."""
         self._cache.expire()
-        return sum(len(batch.units) for batch in self._cache.values())
+        return sum(len(batch) for batch in self._cache.values())
 
     def over_threshold(self) -> bool:
         """Whether the cache holds more than 80% of its bound: reads then bypass it."""
         return not self.enabled or self.size_bytes > CACHE_BYPASS_RATIO * self.max_bytes
 
-    def get_run(self, topic: str, queue_id: int, offset: int, limit: int) -> list[tuple[int, _Stored]]:
+    def get_run(self, topic: str, queue_id: int, offset: int, limit: int) -> list[CachedRun]:
         """Up to ``limit`` consecutive cached records from ``offset``, renewing the batches they come from.
 
-        An empty run (``offset`` not cached) counts one miss; every record returned counts a hit.
+        The run is a list of (batch, begin, end) slices. An empty run (``offset`` not cached) counts one
+        miss; every record in it counts a hit.
         """
         if not self.enabled:
             return []
-        run: list[tuple[int, _Stored]] = []
+        run: list[CachedRun] = []
         position = offset
-        while len(run) < limit:
+        end = offset + limit
+        while position < end:
             batch = self._batch_holding(topic, queue_id, position)
             if batch is None:
                 break
             # Re-setting renews the TTL: a batch expires after its last access.
             self._cache[(topic, queue_id, batch.first_offset)] = batch
-            run += batch.run(position, limit - len(run))
-            position = offset + len(run)
+            stop = min(batch.end_offset, end)
+            run.append((batch, position, stop))
+            position = stop
         if run:
-            self.metrics.cache_hits.inc(len(run))
+            self.metrics.cache_hits.inc(position - offset)
         else:
             self.metrics.cache_misses.inc()
         return run
@@ -358,7 +517,7 @@ class ReadAheadCache:
 
     def put(self, batch: ReadAheadBatch) -> None:
         """Keep ``batch`` (not when it alone is larger than the whole bound)."""
-        if not self.enabled or len(batch.data) > self.max_bytes or not batch.units:
+        if not self.enabled or len(batch.data) > self.max_bytes or not len(batch):
             return
         topic, queue_id = batch.topic, batch.queue_id
         self._cache[(topic, queue_id, batch.first_offset)] = batch
@@ -418,6 +577,22 @@ class _Batch:
     next_offset: int
 
 
+@dataclass(slots=True)
+class _Prefetch:
+    """The next window of one queue, being read (or read) before its reader asks for it."""
+
+    offset: int
+    reserved_bytes: int  # counted against the cache's budget until the reader takes it
+    started: float
+    task: asyncio.Task[ReadAheadBatch | None]
+
+
+def _retrieve_result(task: asyncio.Task[ReadAheadBatch | None]) -> None:
+    """Mark a prefetch's error as seen: its reader gets it from the task, or reads again if it never comes."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("prefetch failed; its reader will get the error", error=str(task.exception()))
+
+
 def physical_memory_bytes() -> int:
     """Total RAM as the OS reports it (0 when it cannot tell)."""
     try:
@@ -457,6 +632,9 @@ class MessageFetcher:
         self.cache = ReadAheadCache(
             self.settings.read_ahead_cache_bytes, self.settings.read_ahead_ttl, metrics=self.metrics, clock=cache_clock
         )
+        self._prefetches: dict[tuple[str, int], _Prefetch] = {}
+        self._prefetch_bytes = 0
+        self._closed = False
 
     @property
     def read_policy(self) -> ReadPolicy:
@@ -546,6 +724,9 @@ class MessageFetcher:
             raise ValidationError(f"offset must be an integer, not {offset!r}")
         if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
             raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
+        if self._prefetches:
+            # Served from the cache, a call never waits; let the prefetches in flight take in their data.
+            await asyncio.sleep(0)
         try:
             return await self._get_messages(topic, queue_id, offset, max_count, message_filter)
         except SegmentNotFoundError:
@@ -681,9 +862,7 @@ class MessageFetcher:
                 break
             for item in stored:
                 position = item.queue_offset + 1
-                message = self._serve(
-                    topic, queue_id, item.queue_offset, _Stored(item.raw, item.unit), "hot", message_filter
-                )
+                message = self._serve(topic, queue_id, item.queue_offset, item.raw, item.unit, "hot", message_filter)
                 if message is not None:
                     messages.append(message)
                     if len(messages) == max_count:
@@ -707,69 +886,164 @@ class MessageFetcher:
         if flat_file is None:
             raise NotFoundError(f"cold queue {topic}/{queue_id} is not loaded")
         # A read stops where offsets recorded as lost begin; the next call is answered OFFSET_FOUND_NULL.
-        scan_end = self._scan_end(offset, min(cold_max, flat_file.archived_run_end(offset)), max_count)
+        run_end = min(cold_max, flat_file.archived_run_end(offset))
+        scan_end = self._scan_end(offset, run_end, max_count)
         messages: list[FetchedMessage] = []
         position = offset
         while position < scan_end and len(messages) < max_count:
             needed = max_count - len(messages)
-            wanted = needed if message_filter is None else scan_end - position
-            window = (
-                self.cache.get_run(topic, queue_id, position, min(wanted, scan_end - position)) if read_ahead else []
-            )
-            if not window:
-                window = await self._read_ahead(
-                    flat_file, position, scan_end, needed, min(wanted, scan_end - position), use_cache=read_ahead
-                )
-                if not window:
+            limit = min(needed if message_filter is None else scan_end - position, scan_end - position)
+            run = self.cache.get_run(topic, queue_id, position, limit) if read_ahead else []
+            if not run:
+                batch = await self._read_window(flat_file, position, scan_end, needed, run_end, use_cache=read_ahead)
+                if batch is None:
                     break
-            for queue_offset, stored in window:
-                position = queue_offset + 1
-                message = self._serve(topic, queue_id, queue_offset, stored, "cold", message_filter)
-                if message is not None:
-                    messages.append(message)
-                    if len(messages) == max_count:
-                        break
+                run = [(batch, position, min(batch.end_offset, position + limit))]
+            for batch, begin, end in run:
+                if message_filter is None:
+                    messages += batch.messages(begin, end)
+                    position = end
+                    continue
+                for queue_offset in range(begin, end):
+                    position = queue_offset + 1
+                    message = self._serve_filtered(batch, queue_offset, message_filter)
+                    if message is not None:
+                        messages.append(message)
+                        if len(messages) == max_count:
+                            break
+                if len(messages) == max_count:
+                    break
         return _Batch(messages, position)
 
-    async def _read_ahead(
-        self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, limit: int, *, use_cache: bool
-    ) -> list[tuple[int, _Stored]]:
-        """One consume-queue read and one commit-log read from ``offset``; caches what it read as one batch.
+    async def _read_window(
+        self, flat_file: FlatMessageFile, offset: int, end: int, needed: int, run_end: int, *, use_cache: bool
+    ) -> ReadAheadBatch | None:
+        """The window of records from ``offset``: the one prefetched for it, else one read now; None if empty.
 
-        Returns the first ``limit`` records read (the rest are for later calls, from the cache).
+        A window read for the cache is cached, and the next one is prefetched (``_start_prefetch``).
         """
         bypass = not use_cache or self.cache.over_threshold()
         count = min(needed if bypass else max(needed, self.settings.read_ahead_count), end - offset)
         if count <= 0:
-            return []
-        units = await flat_file.read_units(offset, count)
-        self.metrics.cold_reads.labels(file_type=FileType.CONSUME_QUEUE.value).inc()
-        kept: list[ConsumeQueueUnit] = []
-        total = 0
-        for unit in units:
-            if kept and total + unit.size > self.settings.read_ahead_size:
-                break
-            kept.append(unit)
-            total += unit.size
-        if not kept:
-            return []
-        start = kept[0].commitlog_offset
-        stop = max(unit.commitlog_offset + unit.size for unit in kept)
-        raw = await flat_file.read_commit_log(start, stop - start)
-        self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
-        batch = ReadAheadBatch(flat_file.topic, flat_file.queue_id, offset, raw, kept)
+            return None
+        batch = await self._take_prefetch(flat_file, offset) if use_cache else None
+        if batch is None:
+            batch = await self._read_records(flat_file, offset, count)
+            if batch is None:
+                return None
         if not bypass:
             self.cache.put(batch)
-        return batch.run(offset, limit)
+            self._start_prefetch(flat_file, batch.end_offset, run_end, len(batch.data))
+        return batch
 
-    # ---- splitting, checking and filtering -------------------------------------------------------------
+    async def _read_records(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:
+        """One consume-queue read and one commit-log read of up to ``count`` records from ``offset``, checked.
+
+        The records are trimmed from the end to ``read_ahead_size`` bytes, never below one.
+        """
+        consume_queue = flat_file.consume_queue
+        position = consume_queue.position_of(offset)
+        raw_units = await consume_queue.read(position, count * UNIT_SIZE)
+        self.metrics.cold_reads.labels(file_type=FileType.CONSUME_QUEUE.value).inc()
+        units = parse_units(raw_units, f"{consume_queue.path}/{FileType.CONSUME_QUEUE.value}", position)
+        if not len(units):
+            return None
+        sizes = units["size"].astype(np.int64)
+        kept = max(1, int(np.searchsorted(np.cumsum(sizes), self.settings.read_ahead_size, side="right")))
+        units = units[:kept]
+        start = int(units["commitlog_offset"][0])
+        stop = int((units["commitlog_offset"].astype(np.int64) + sizes[:kept]).max())
+        data = await flat_file.read_commit_log(start, stop - start)
+        self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
+        return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
+
+    # ---- prefetching the next window ------------------------------------------------------------------
+
+    def _start_prefetch(self, flat_file: FlatMessageFile, offset: int, run_end: int, expected_bytes: int) -> None:
+        """Start reading the window at ``offset`` in the background, if it exists and the byte budget allows.
+
+        At most one window per queue is in flight or held, and the bytes of all of them (each estimated
+        by the window before it) plus the cache's stay within the cache's bypass threshold. A prefetch
+        nobody came for within ``read_ahead_ttl`` is dropped when the next one starts.
+        """
+        key = (flat_file.topic, flat_file.queue_id)
+        if offset >= run_end or key in self._prefetches or self._closed:
+            return
+        now = self.cache.clock()
+        for stale_key, stale in list(self._prefetches.items()):
+            if now - stale.started > self.settings.read_ahead_ttl:
+                self._forget_prefetch(stale_key)
+        budget = CACHE_BYPASS_RATIO * self.cache.max_bytes
+        if self.cache.size_bytes + self._prefetch_bytes + expected_bytes > budget:
+            return
+        count = min(self.settings.read_ahead_count, run_end - offset)
+        task = asyncio.create_task(self._read_records(flat_file, offset, count))
+        task.add_done_callback(_retrieve_result)
+        self._prefetches[key] = _Prefetch(offset, expected_bytes, now, task)
+        self._prefetch_bytes += expected_bytes
+
+    async def _take_prefetch(self, flat_file: FlatMessageFile, offset: int) -> ReadAheadBatch | None:
+        """The window prefetched for ``offset`` (waiting for it; its read error is raised here), else None.
+
+        A prefetch for another offset (the reader went elsewhere) is cancelled.
+        """
+        key = (flat_file.topic, flat_file.queue_id)
+        prefetch = self._prefetches.get(key)
+        if prefetch is None:
+            return None
+        if prefetch.offset != offset:
+            self._forget_prefetch(key)
+            return None
+        del self._prefetches[key]
+        self._prefetch_bytes -= prefetch.reserved_bytes
+        return await prefetch.task
+
+    def _forget_prefetch(self, key: tuple[str, int]) -> None:
+        prefetch = self._prefetches.pop(key)
+        self._prefetch_bytes -= prefetch.reserved_bytes
+        prefetch.task.cancel()
+
+    @property
+    def prefetching(self) -> int:
+        """How many windows are being prefetched or held for their reader."""
+        return len(self._prefetches)
+
+    async def wait_for_prefetches(self) -> None:
+        """Wait until every prefetch started has finished (its outcome stays for its reader)."""
+        tasks = [prefetch.task for prefetch in self._prefetches.values()]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def close(self) -> None:
+        """Cancel the prefetches in flight and wait for them; no prefetch starts afterwards."""
+        self._closed = True
+        tasks = [prefetch.task for prefetch in self._prefetches.values()]
+        for key in list(self._prefetches):
+            self._forget_prefetch(key)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- checking and filtering -----------------------------------------------------------------------
+
+    def _serve_filtered(
+        self, batch: ReadAheadBatch, queue_offset: int, message_filter: MessageFilter
+    ) -> FetchedMessage | None:
+        """A cold record through ``message_filter`` (tag hash first); its check happened when it was read."""
+        if not message_filter.may_match(batch.tag_hashes[queue_offset - batch.first_offset]):
+            return None
+        batch.raise_if_corrupt(queue_offset, queue_offset + 1)
+        raw = batch.raw(queue_offset)
+        record = decode(raw, check_crc=False)
+        if not message_filter.matches(record):
+            return None
+        return FetchedMessage(batch.topic, batch.queue_id, queue_offset, "cold", raw, record)
 
     def _serve(
         self,
         topic: str,
         queue_id: int,
         queue_offset: int,
-        stored: _Stored,
+        raw: bytes,
+        unit: ConsumeQueueUnit,
         tier: Tier,
         message_filter: MessageFilter | None,
     ) -> FetchedMessage | None:
@@ -777,15 +1051,15 @@ class MessageFetcher:
 
         Without a filter the record is not decoded here: ``FetchedMessage.record`` does it on first access.
         """
-        if message_filter is not None and not message_filter.may_match(stored.unit.tag_hash):
+        if message_filter is not None and not message_filter.may_match(unit.tag_hash):
             return None
-        verify_served(topic, queue_id, queue_offset, stored.raw, stored.unit, tier)
+        verify_served(topic, queue_id, queue_offset, raw, unit, tier)
         if message_filter is None:
-            return FetchedMessage(topic, queue_id, queue_offset, tier, stored.raw)
-        record = decode(stored.raw, check_crc=False)
+            return FetchedMessage(topic, queue_id, queue_offset, tier, raw)
+        record = decode(raw, check_crc=False)
         if not message_filter.matches(record):
             return None
-        return FetchedMessage(topic, queue_id, queue_offset, tier, stored.raw, record)
+        return FetchedMessage(topic, queue_id, queue_offset, tier, raw, record)
 
     # ---- time lookups ---------------------------------------------------------------------------------
 

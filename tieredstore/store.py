@@ -125,6 +125,14 @@ class AsyncTieredMessageStore:
                 if retention is not None:
                     retention.cancel()
                     await asyncio.gather(retention, return_exceptions=True)
+                await store.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the reads it runs in the background (read-ahead prefetches); ``open`` does this on exit.
+
+        A store built on a runtime it did not open calls this before that runtime closes.
+        """
+        await self.fetcher.close()
 
     @property
     def read_policy(self) -> ReadPolicy:

@@ -28,10 +28,14 @@ HOUR_MS = 3_600_000
 
 @dataclass
 class ReadLog:
-    """Every provider read, by file type, and a switch that makes reads fail (a cold outage)."""
+    """Every provider read, by file type, a switch that makes reads fail (a cold outage), and a gate.
+
+    While ``gate`` is an unset event, every read waits for it (a slow store, to catch reads in flight).
+    """
 
     reads: list[tuple[FileType, str, int, int]] = field(default_factory=list)
     failing: bool = False
+    gate: asyncio.Event | None = None
 
     def count(self, file_type: FileType | None = None) -> int:
         return sum(1 for read in self.reads if file_type is None or read[0] is file_type)
@@ -46,6 +50,8 @@ class CountingSegment(FaultySegment):
     async def _read(self, position: int, length: int) -> bytes:
         from tieredstore.errors import StorageUnavailableError
 
+        if self.log.gate is not None:
+            await self.log.gate.wait()
         if self.log.failing:
             raise StorageUnavailableError(f"{self.key}: injected read outage")
         self.log.reads.append((self.file_type, self.key, position, length))

@@ -9,8 +9,7 @@ import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.read.helpers import append_records, config_for_backend, counting_reads, make_record
-from tieredstore.fetcher import ReadAheadBatch, ReadAheadCache
-from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.fetcher import CachedRun, ReadAheadBatch, ReadAheadCache
 from tieredstore.formats.naming import FileType
 from tieredstore.metrics import Metrics
 from tieredstore.store import AsyncTieredMessageStore
@@ -28,8 +27,12 @@ class FakeClock:
 
 def _batch(offset: int, size: int, records: int = 1) -> ReadAheadBatch:
     """``records`` records of ``size`` bytes each, read ahead from ``offset`` of queue T/0."""
-    units = [ConsumeQueueUnit(n * size, size, 0) for n in range(records)]
-    return ReadAheadBatch("T", 0, offset, bytes(size * records), units)
+    starts = [n * size for n in range(records)]
+    return ReadAheadBatch("T", 0, offset, bytes(size * records), starts, [s + size for s in starts], [0] * records)
+
+
+def _offsets(run: list[CachedRun]) -> list[int]:
+    return [offset for _batch, begin, end in run for offset in range(begin, end)]
 
 
 def _value(counter: object) -> float:
@@ -44,7 +47,7 @@ def test_cache_is_bounded_in_bytes_not_entries() -> None:
     assert cache.size_bytes <= 10_000 and len(cache) == 10
     assert _value(metrics.cache_evictions) == 20
     # the newest entries stay; the oldest were evicted
-    assert [offset for offset, _ in cache.get_run("T", 0, 20, 10)] == list(range(20, 30))
+    assert _offsets(cache.get_run("T", 0, 20, 10)) == list(range(20, 30))
     assert cache.get_run("T", 0, 0, 5) == []
     # an entry larger than the whole bound is not cached at all (and evicts nothing)
     cache.put(_batch(99, 20_000))
@@ -57,10 +60,10 @@ def test_entries_expire_ttl_after_their_last_access() -> None:
     for offset in range(4):
         cache.put(_batch(offset, 100))
     clock.now += 10
-    assert len(cache.get_run("T", 0, 0, 2)) == 2  # offsets 0 and 1 renewed at t+10
+    assert len(_offsets(cache.get_run("T", 0, 0, 2))) == 2  # offsets 0 and 1 renewed at t+10
     clock.now += 10  # t+20: 2 and 3 were last touched at t, 0 and 1 at t+10
     assert cache.get_run("T", 0, 2, 2) == []
-    assert [offset for offset, _ in cache.get_run("T", 0, 0, 4)] == [0, 1]
+    assert _offsets(cache.get_run("T", 0, 0, 4)) == [0, 1]
     assert len(cache) == 2 and _value(metrics.cache_evictions) == 2
     clock.now += 15.5
     assert len(cache) == 0 and cache.size_bytes == 0
@@ -81,9 +84,13 @@ def test_one_batch_serves_any_run_inside_it_and_is_evicted_whole() -> None:
     cache = ReadAheadCache(10_000, 15.0, metrics=metrics, clock=FakeClock())
     cache.put(_batch(100, 100, records=50))  # offsets 100..149, 5,000 bytes
     run = cache.get_run("T", 0, 120, 10)
-    assert [offset for offset, _ in run] == list(range(120, 130))
-    assert all(len(stored.raw) == 100 and stored.unit.size == 100 for _, stored in run)
-    assert [offset for offset, _ in cache.get_run("T", 0, 145, 10)] == list(range(145, 150)), "stops at its end"
+    assert _offsets(run) == list(range(120, 130))
+    assert all(
+        len(batch.raw(offset)) == 100 and batch.unit(offset).size == 100
+        for batch, begin, end in run
+        for offset in range(begin, end)
+    )
+    assert _offsets(cache.get_run("T", 0, 145, 10)) == list(range(145, 150)), "stops at its end"
     assert cache.get_run("T", 0, 150, 1) == [] and cache.get_run("T", 1, 120, 1) == []
     assert len(cache) == 50 and cache.size_bytes == 5_000
     cache.put(_batch(200, 100, records=60))  # 6,000 more bytes: the older batch goes, all 50 records at once

@@ -1,0 +1,259 @@
+"""Read-ahead windows: the next one is fetched in the background, and each is checked once, when it is read."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fixtures.backends import ProviderBackend
+from tests.read.helpers import ReadLog, append_records, config_for_backend, counting_reads, make_record
+from tieredstore.errors import CorruptRecordError, StorageUnavailableError
+from tieredstore.fetcher import GetMessageStatus, check_window, parse_units, verify_served
+from tieredstore.flat import FlatMessageFile
+from tieredstore.formats.consume_queue import ConsumeQueueUnit, encode_units
+from tieredstore.formats.message import LOCALHOST, POS_MAGIC, HostAddress, MessageRecord
+from tieredstore.formats.naming import FileType
+from tieredstore.providers.memory import MemoryProvider
+from tieredstore.store import AsyncTieredMessageStore
+
+TOPIC = "Prefetched"
+WINDOW = 100
+
+
+@asynccontextmanager
+async def _store(
+    tmp_path: Path, reads: ReadLog, records: int, *, body: int = 200
+) -> AsyncIterator[tuple[AsyncTieredMessageStore, FlatMessageFile, str]]:
+    """A cold-only store holding ``records`` messages of queue 0, windows of 100, the read log cleared."""
+    url = f"memory://prefetch-{tmp_path.name}"
+    config = config_for_backend(tmp_path, ProviderBackend("memory", url), read={"read_ahead_count": WINDOW})
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
+        encoded = [make_record(TOPIC, 0, n, body=bytes([n % 251]) * body) for n in range(records)]
+        flat_file = await append_records(store.runtime, TOPIC, 0, encoded, index=False)
+        reads.clear()
+        yield store, flat_file, url
+
+
+@pytest.fixture
+async def unhandled() -> AsyncIterator[list[dict[str, object]]]:
+    """What reaches the event loop's exception handler (a task's error nobody retrieved, a failed callback)."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(None)
+
+
+def _flip(url: str, flat_file: FlatMessageFile, commitlog_offset: int) -> None:
+    """Change one committed commit-log byte where the memory provider keeps it."""
+    segment = flat_file.commit_log.segments[0]
+    MemoryProvider(url).volume[segment.key][commitlog_offset - segment.base_offset] ^= 0xFF
+
+
+def _value(counter: object) -> float:
+    return float(counter._value.get())  # type: ignore[attr-defined]
+
+
+async def _consume(store: AsyncTieredMessageStore, offset: int, end: int, batch: int = 32) -> list[int]:
+    served: list[int] = []
+    while offset < end:
+        result = await store.get_messages(TOPIC, 0, offset, min(batch, end - offset))
+        assert result.status is GetMessageStatus.FOUND
+        served += [message.queue_offset for message in result.messages]
+        offset = result.next_begin_offset
+    return served
+
+
+async def test_the_next_window_is_read_in_the_background_and_reads_stay_two_per_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 350) as (store, _flat_file, _url):
+            first = await store.get_messages(TOPIC, 0, 0, 10)
+            assert [m.queue_offset for m in first.messages] == list(range(10))
+            await store.fetcher.wait_for_prefetches()
+            # the first window [0, 100) and, without anyone asking yet, the next one [100, 200)
+            unit_reads = [read for read in reads.reads if read[0] is FileType.CONSUME_QUEUE]
+            assert [(position // 20, length // 20) for _t, _k, position, length in unit_reads] == [(0, 100), (100, 100)]
+            assert reads.count(FileType.COMMIT_LOG) == 2
+            reads.clear()
+            assert await _consume(store, 10, 100) == list(range(10, 100))
+            assert reads.count() == 0
+            # reaching the prefetched window reads nothing itself but starts the one after it
+            crossing = await store.get_messages(TOPIC, 0, 100, 32)
+            assert [m.queue_offset for m in crossing.messages] == list(range(100, 132))
+            await store.fetcher.wait_for_prefetches()
+            assert [read[2] // 20 for read in reads.reads if read[0] is FileType.CONSUME_QUEUE] == [200]
+            assert await _consume(store, 132, 350) == list(range(132, 350))
+            await store.fetcher.wait_for_prefetches()
+            # since the clear, windows [200, 300) and [300, 350), two reads each; nothing read past the end
+            assert reads.count(FileType.CONSUME_QUEUE) == 2 and reads.count(FileType.COMMIT_LOG) == 2
+            assert store.fetcher.prefetching == 0
+            # hits and misses count as they did before windows were prefetched: one miss per window
+            metrics = store.runtime.metrics
+            assert _value(metrics.cache_misses) == 4
+            # not hits: what each miss served from its window (10 at 0, 32 at 100, 28 at 200, 24 at 300)
+            assert _value(metrics.cache_hits) == 350 - (10 + 32 + 28 + 24)
+
+
+async def test_a_corrupt_record_in_a_prefetched_window_fails_only_its_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 300) as (store, flat_file, url):
+            units = await flat_file.read_units(0, 300)
+            _flip(url, flat_file, units[150].commitlog_offset + len(make_record(TOPIC, 0, 150, body=bytes(200))) - 40)
+            _flip(url, flat_file, units[170].commitlog_offset + POS_MAGIC)
+            assert await _consume(store, 0, 128) == list(range(128))  # window 2 was prefetched meanwhile
+            with pytest.raises(CorruptRecordError, match="body CRC mismatch") as crc_error:
+                await store.get_messages(TOPIC, 0, 128, 32)
+            assert (crc_error.value.location, crc_error.value.offset) == (f"{TOPIC}/0", 150)
+            assert f"in {TOPIC}/0 at offset 150" in str(crc_error.value)
+            await store.fetcher.wait_for_prefetches()
+            reads.clear()
+            # the records before it are served, from the window already read; asking again raises again
+            assert await _consume(store, 128, 150, batch=22) == list(range(128, 150))
+            with pytest.raises(CorruptRecordError, match="body CRC mismatch"):
+                await store.get_messages(TOPIC, 0, 150, 1)
+            assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 151, 19)).messages] == list(
+                range(151, 170)
+            )
+            with pytest.raises(CorruptRecordError, match="bad magic code") as magic_error:
+                await store.get_messages(TOPIC, 0, 160, 32)
+            assert magic_error.value.offset == 170
+            assert await _consume(store, 171, 300) == list(range(171, 300))
+            await store.fetcher.wait_for_prefetches()
+            # every window was read once, ahead of its reader: failing records are not read again
+            assert reads.count() == 0
+
+
+async def test_a_failed_prefetch_raises_to_the_reader_of_its_window_then_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unhandled: list[dict[str, object]]
+) -> None:
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 250) as (store, _flat_file, _url):
+            reads.failing = True
+            with pytest.raises(StorageUnavailableError):
+                await store.get_messages(TOPIC, 0, 0, 32)
+            reads.failing = False
+            await store.get_messages(TOPIC, 0, 0, 32)
+            reads.failing = True  # the outage starts while the next window is being prefetched
+            await store.fetcher.wait_for_prefetches()
+            reads.failing = False
+            assert await _consume(store, 32, 100) == list(range(32, 100))
+            with pytest.raises(StorageUnavailableError, match="injected read outage"):
+                await store.get_messages(TOPIC, 0, 100, 32)
+            assert store.fetcher.prefetching == 0
+            reads.clear()
+            # the error was its reader's; asking again reads the window anew
+            assert await _consume(store, 100, 250) == list(range(100, 250))
+            assert reads.count(FileType.COMMIT_LOG) == 2
+            # a prefetch that fails while its reader goes elsewhere is dropped without a trace
+            store.fetcher.cache.clear()
+            await store.get_messages(TOPIC, 0, 0, 1)
+            reads.failing = True
+            await store.fetcher.wait_for_prefetches()
+            reads.failing = False
+            assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 220, 2)).messages] == [220, 221]
+    gc.collect()  # a task whose error nobody retrieved reports it when it is collected
+    assert unhandled == []
+
+
+async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unhandled: list[dict[str, object]]
+) -> None:
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 400) as (store, _flat_file, _url):
+            await store.get_messages(TOPIC, 0, 0, 32)
+            reads.gate = asyncio.Event()  # storage stops answering: the prefetch of [100, 200) hangs
+            await asyncio.sleep(0.01)
+            (stuck,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
+            assert not stuck.done()
+            reads.gate = None
+            # the reader jumps past it: the prefetch is cancelled, the new window read and the next one prefetched
+            jumped = await store.get_messages(TOPIC, 0, 250, 5)
+            reads.gate = asyncio.Event()  # and the prefetch of [350, 400) it started hangs too
+            assert [m.queue_offset for m in jumped.messages] == list(range(250, 255))
+            await asyncio.sleep(0.01)
+            assert stuck.cancelled()
+            (in_flight,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
+            assert not in_flight.done()
+        # leaving the store closed it: the prefetch was cancelled and waited for
+        assert in_flight.cancelled() and store.fetcher.prefetching == 0
+    gc.collect()  # a task whose error nobody retrieved reports it when it is collected
+    assert unhandled == []
+
+
+def _window(records: list[bytes], commitlog_start: int) -> tuple[bytes, bytes]:
+    """The records as one commit-log read from ``commitlog_start``, and their consume-queue bytes."""
+    data = b"".join(records)
+    units, position = [], commitlog_start
+    for raw in records:
+        units.append(ConsumeQueueUnit(position, len(raw), 0))
+        position += len(raw)
+    return data, encode_units(units)
+
+
+@pytest.mark.parametrize("topic", ["Checked", "L" * 200], ids=["v1", "v2-long-topic"])
+def test_the_window_check_rejects_exactly_what_the_record_check_rejects(topic: str) -> None:
+    """Random byte flips and wrong units: the window's corrupt set and errors equal ``verify_served``'s."""
+    rng = random.Random(6)
+    first_offset, commitlog_start = 1000, 5_000_000
+    records = [
+        MessageRecord(
+            topic=topic,
+            queue_id=3,
+            body=rng.randbytes(rng.randrange(0, 300)),
+            properties={"KEYS": f"k{n}"} if n % 3 else {},
+            queue_offset=first_offset + n,
+            born_host=HostAddress("::1", 10911) if n % 4 == 1 else LOCALHOST,
+            store_host=HostAddress("fe80::2", 10912) if n % 5 == 2 else LOCALHOST,
+        ).encode()
+        for n in range(40)
+    ]
+    clean, clean_units = _window(records, commitlog_start)
+    assert check_window(topic, 3, first_offset, clean, commitlog_start, parse_units(clean_units, "q", 0)).corrupt == {}
+    for _trial in range(300):
+        data = bytearray(clean)
+        units = list(parse_units(clean_units, "q", 0).tolist())
+        for _flip_count in range(rng.randrange(1, 4)):
+            if rng.random() < 0.85:
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            else:
+                index = rng.randrange(len(units))
+                offset, size, tag = units[index]
+                units[index] = (offset + rng.choice([-3, 0, 1]), max(0, size + rng.choice([-1, 0, 2])), tag)
+        raw_units = encode_units([ConsumeQueueUnit(*unit) for unit in units])
+        batch = check_window(topic, 3, first_offset, bytes(data), commitlog_start, parse_units(raw_units, "q", 0))
+        expected: dict[int, str] = {}
+        for index, (offset, size, tag) in enumerate(units):
+            begin = offset - commitlog_start
+            try:
+                verify_served(
+                    topic,
+                    3,
+                    first_offset + index,
+                    bytes(data)[begin : begin + size],
+                    ConsumeQueueUnit(offset, size, tag),
+                    "cold",
+                )
+            except CorruptRecordError as error:
+                expected[first_offset + index] = str(error)
+        assert {offset: str(error) for offset, error in batch.corrupt.items()} == expected
+
+
+def test_units_with_a_negative_offset_or_size_are_the_consume_queue_s_typed_error() -> None:
+    good = ConsumeQueueUnit(0, 100, 0).encode()
+    bad = np.array([(5, -1, 0)], dtype=parse_units(good, "q", 0).dtype).tobytes()
+    with pytest.raises(CorruptRecordError, match="negative offset"):
+        parse_units(good + bad, "q", 0)
+    with pytest.raises(CorruptRecordError, match="not whole units") as partial:
+        parse_units(good + b"\x00", "T/0/CONSUME_QUEUE", 2000)
+    assert (partial.value.location, partial.value.offset) == ("T/0/CONSUME_QUEUE", 2000)
