@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -392,6 +393,44 @@ class _ByteBudget:
             self._changed.notify_all()
 
 
+class _Abandoned(Exception):
+    """A write refused because an earlier one failed (that one's error is what the restore reports)."""
+
+
+class _Writer:
+    """Writes batches into the sink in one thread, in the order they come; none after one has failed.
+
+    One thread: the store takes one write at a time anyway, and one thread's allocations come back
+    to one malloc arena instead of growing one per pool thread. Writes queued behind a failed one are
+    refused in the thread itself, so the restore stops at the first error, not a few batches later.
+    """
+
+    def __init__(self, sink: RestoreSink) -> None:
+        self._sink = sink
+        self._failed = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-writer")
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+    async def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._write, topic, queue_id, records)
+
+    def _write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+        if self._failed.is_set():
+            raise _Abandoned(f"{topic}/{queue_id}: not written, an earlier write failed")
+        try:
+            self._sink.write(topic, queue_id, records)
+        except BaseException as error:
+            self.error = error
+            self._failed.set()
+            raise
+
+
 @dataclass(frozen=True, slots=True)
 class _Batch:
     """Consecutive records of one queue as read, and the bytes of the budget they hold until written."""
@@ -504,9 +543,7 @@ async def restore_archive(
     if not dry_run:
         budget = _ByteBudget(request.max_bytes_in_flight)
         pending = iter(work)
-        # Every write goes through one thread: the store takes one at a time anyway, and one thread's
-        # allocations come back to one malloc arena instead of growing one per pool thread.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-writer") as writer:
+        with _Writer(sink) as writer:
 
             async def worker() -> None:
                 for flat_file, outcome in pending:
@@ -515,10 +552,14 @@ async def restore_archive(
             workers = [asyncio.create_task(worker()) for _ in range(min(request.parallel, len(work)))]
             try:
                 await asyncio.gather(*workers)
-            finally:
+            except BaseException as error:
                 for task in workers:
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
+                if isinstance(error, _Abandoned) and writer.error is not None:
+                    # Another queue's write failed first: its error is the restore's.
+                    raise writer.error from None
+                raise
         summary.peak_bytes_in_flight = budget.peak
     summary.seconds = time.perf_counter() - started
     return summary
@@ -531,13 +572,12 @@ async def _restore_queue(
     sink: RestoreSink,
     on_progress: Callable[[QueueOutcome, int], None] | None,
     budget: _ByteBudget,
-    writer: Executor,
+    writer: _Writer,
 ) -> None:
     """Read ahead of the writes (``read_ahead`` batches, within the budget) and write in queue-offset order.
 
     The writes of all queues take turns in ``writer``'s one thread, so one batch is written at a time.
     """
-    loop = asyncio.get_running_loop()
     end = outcome.end if outcome.stopped_at is None else outcome.stopped_at
     ahead: asyncio.Queue[_Batch | _Skip | None] = asyncio.Queue(maxsize=request.read_ahead)
 
@@ -583,7 +623,7 @@ async def _restore_queue(
                 await asyncio.to_thread(sink.skip_to, outcome.topic, outcome.queue_id, item.offset)
                 continue
             try:
-                await loop.run_in_executor(writer, sink.write, outcome.topic, outcome.queue_id, item.records)
+                await writer.write(outcome.topic, outcome.queue_id, item.records)
             finally:
                 await budget.release(item.held)
             outcome.restored += len(item.records)

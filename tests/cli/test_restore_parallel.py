@@ -1,0 +1,172 @@
+"""Restore reads several queues at once and ahead of the writes, within a cap on bytes in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import SMALL_FILES
+from tests.cli.helpers import Node, hot_records, without_physical_offset
+from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.cli.common import open_read_node
+from tieredstore.cli.restore import HotStoreSink, RecordBytes, RestoreRequest, restore_archive
+from tieredstore.config import load_config
+from tieredstore.errors import StoreFullError
+from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.local import LocalMessageStore
+
+COUNTS = {0: 130, 1: 75, 2: 1, 3: 96, 4: 58}
+
+
+def produce_queues(node: Node) -> dict[int, dict[int, bytes]]:
+    for queue_id, count in COUNTS.items():
+        produce(node, queue_id, count)
+    archive(node)
+    return {queue_id: hot_records(node.hot_dir, TOPIC, queue_id) for queue_id in COUNTS}
+
+
+def assert_restored(hot_dir: Path, originals: dict[int, dict[int, bytes]]) -> None:
+    for queue_id, records in originals.items():
+        back = hot_records(hot_dir, TOPIC, queue_id)
+        assert sorted(back) == sorted(records) == list(range(COUNTS[queue_id])), queue_id
+        for offset, raw in records.items():
+            assert without_physical_offset(back[offset]) == without_physical_offset(raw), (queue_id, offset)
+
+
+def test_queues_restored_at_once_land_byte_identical_at_their_offsets(node: Node) -> None:
+    originals = produce_queues(node)
+    shutil.rmtree(node.hot_dir)
+    restored = node(
+        "restore", TOPIC, "--to-store", str(node.hot_dir), "--parallel", "3", "--batch", "16", output="json"
+    )
+    assert restored.exit_code == 0, restored.stderr
+    summary = restored.json()
+    assert summary["messages"] == sum(COUNTS.values())
+    assert {q["queue_id"]: q["restored"] for q in summary["queues"]} == COUNTS
+    assert 0 < summary["peak_bytes_in_flight"] <= 32 << 20
+    assert_restored(node.hot_dir, originals)
+    # The queues interleave in the hot commit log, yet each queue's units point at its records in order.
+    with LocalMessageStore(node.hot_dir, read_only=True) as hot:
+        positions = {q: [hot.cq_unit(TOPIC, q, o).commitlog_offset for o in range(n)] for q, n in COUNTS.items()}
+    assert all(p == sorted(p) for p in positions.values())
+    assert max(positions[1]) > min(positions[0][-16:]) or max(positions[0]) > min(positions[1][-16:])
+
+
+def test_an_interrupted_parallel_restore_resumes_every_queue_without_duplicates(
+    posix: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    originals = produce_queues(posix)
+    target = posix.data_dir / "target"
+    real = LocalMessageStore.restore_messages
+    calls = {"n": 0}
+
+    def failing(store: LocalMessageStore, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> object:
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise StoreFullError("the disk filled up (test)")
+        return real(store, topic, queue_id, records)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(LocalMessageStore, "restore_messages", failing)
+        first = posix("restore", TOPIC, "--to-store", str(target), "--parallel", "3", "--batch", "10")
+    assert first.exit_code != 0
+    assert "the disk filled up" in first.stderr
+    held = {q: len(hot_records(target, TOPIC, q)) for q in COUNTS}
+    # Several queues were under way at once when it stopped.
+    assert sum(1 for q, n in held.items() if 0 < n < COUNTS[q]) >= 2, held
+    # Eleven whole batches were written before the twelfth failed, none of it, and none after it.
+    assert all(n % 10 == 0 or n == COUNTS[q] for q, n in held.items()), held
+    assert sum(-(-n // 10) for n in held.values()) == 11
+
+    rest = posix("restore", TOPIC, "--to-store", str(target), "--parallel", "3", "--batch", "10", output="json")
+    assert rest.exit_code == 0, rest.stderr
+    queues = {q["queue_id"]: q for q in rest.json()["queues"]}
+    assert {q: queues[q]["already_done"] for q in COUNTS} == held
+    assert {q: queues[q]["restored"] for q in COUNTS} == {q: COUNTS[q] - held[q] for q in COUNTS}
+    assert_restored(target, originals)
+
+
+def _flip_in_cold_commit_log(root: Path, needle: bytes) -> None:
+    """Flip one byte of ``needle`` (part of one record's body) where the cold commit log holds it."""
+    found = [
+        path
+        for path in root.rglob("*")
+        if path.is_file() and "COMMIT_LOG" in path.as_posix() and needle in path.read_bytes()
+    ]
+    assert len(found) == 1, found
+    data = bytearray(found[0].read_bytes())
+    data[data.index(needle) + len(needle) - 1] ^= 0x01
+    found[0].write_bytes(bytes(data))
+
+
+def test_a_corrupt_record_mid_batch_fails_the_restore_and_nothing_of_its_batch_is_written(posix: Node) -> None:
+    produce_queues(posix)
+    _flip_in_cold_commit_log(posix.data_dir, b"order 3-47")
+    target = posix.data_dir / "target"
+    result = posix("restore", TOPIC, "--to-store", str(target), "--parallel", "4", "--batch", "10")
+    assert result.exit_code != 0
+    assert "CRC" in result.stderr and "Orders/3" in result.stderr
+    # Batches [0, 10) .. [30, 40) of queue 3 were written; [40, 50) holds the corrupt record and none of it was.
+    assert sorted(hot_records(target, TOPIC, 3)) == list(range(40))
+
+
+def restore_counting(posix: Node, monkeypatch: pytest.MonkeyPatch, request: RestoreRequest) -> tuple[int, int]:
+    """Restore through the API into ``target``; (most record bytes read and not yet written, the summary's peak)."""
+    for name, value in SMALL_FILES.items():
+        monkeypatch.setenv(name, value)
+    config = load_config(data_dir=posix.data_dir)
+    read_commit_log = FlatMessageFile.read_commit_log
+    counted = {"read": 0, "written": 0, "most": 0}
+
+    async def counting_read(self: FlatMessageFile, offset: int, length: int) -> bytes:
+        raw = await read_commit_log(self, offset, length)
+        counted["read"] += len(raw)
+        counted["most"] = max(counted["most"], counted["read"] - counted["written"])
+        await asyncio.sleep(0)  # let the other queues' readers run while the writer works
+        return raw
+
+    class CountingSink(HotStoreSink):
+        def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+            super().write(topic, queue_id, records)
+            counted["written"] += sum(len(r) for r in records)
+
+    monkeypatch.setattr(FlatMessageFile, "read_commit_log", counting_read)
+
+    async def go() -> int:
+        async with open_read_node(config) as node:
+            sink = CountingSink(posix.data_dir / "target", node)
+            try:
+                summary = await restore_archive(node, request, sink)
+            finally:
+                sink.close()
+            assert summary.messages == sum(COUNTS.values())
+            return summary.peak_bytes_in_flight
+
+    peak = asyncio.run(go())
+    assert counted["written"] == counted["read"]
+    return counted["most"], peak
+
+
+def test_bytes_in_flight_never_exceed_the_cap(posix: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    originals = produce_queues(posix)
+    cap = 3000
+    request = RestoreRequest(TOPIC, batch_messages=8, parallel=4, read_ahead=8, max_bytes_in_flight=cap)
+    most, peak = restore_counting(posix, monkeypatch, request)
+    # More than one batch was read ahead of the writes, and never more than the cap.
+    batch_bytes = max(len(r) for q in originals.values() for r in q.values()) * 8
+    assert batch_bytes < most <= cap
+    assert batch_bytes < peak <= cap
+    assert_restored(posix.data_dir / "target", originals)
+
+
+def test_a_batch_larger_than_the_cap_still_goes_alone(posix: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    originals = produce_queues(posix)
+    request = RestoreRequest(TOPIC, batch_messages=8, parallel=4, max_bytes_in_flight=100)
+    most, peak = restore_counting(posix, monkeypatch, request)
+    assert 100 < most <= max(len(r) for q in originals.values() for r in q.values()) * 8
+    assert peak == 100
+    assert_restored(posix.data_dir / "target", originals)
