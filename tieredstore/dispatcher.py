@@ -837,8 +837,7 @@ class Dispatcher:
         """Key-index entries of the records that carry keys; only records holding a key marker are decoded."""
         entries = []
         topic_id = state.topic_id if state.topic_id is not None else 0
-        candidates = sorted({index for marker in _KEY_MARKERS for index in records.records_holding(marker)})
-        for index in candidates:
+        for index in records.records_holding(_KEY_MARKERS):
             raw = records.record(index)
             keys = index_keys_of(raw)
             if keys:

@@ -176,3 +176,17 @@ def test_a_follower_sees_retention_as_not_found_then_serves_from_the_new_min(tmp
         batch = follower.read_batch(TOPIC, 0, new_min, 100, 1 << 30)
         same(batch, follower.read_messages(TOPIC, 0, new_min, 100, 1 << 30))
         assert len(batch) == MESSAGES // QUEUES - new_min
+
+
+@pytest.mark.parametrize("kind", ["writer", "follower"])
+def test_records_back_to_back_in_the_commit_log_are_served_whole(tmp_path: Path, kind: str) -> None:
+    """A producer's batch to one queue lies back to back (copied as one run) up to where a file ends."""
+    with LocalMessageStore(tmp_path, config=small_config()) as store:
+        store.put_messages(PutRequest(TOPIC, 0, bytes([n]) * (300 + n * 11)) for n in range(150))
+        store.put_messages([PutRequest(TOPIC, 1, b"between"), PutRequest(TOPIC, 0, b"after")])
+    with opened(tmp_path, kind) as store:
+        assert len({int(path.name) for path in (tmp_path / "commitlog").iterdir()}) > 2
+        for start, count in ((0, 1000), (37, 60), (149, 5)):
+            same(
+                store.read_batch(TOPIC, 0, start, count, 1 << 30), store.read_messages(TOPIC, 0, start, count, 1 << 30)
+            )

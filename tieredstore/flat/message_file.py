@@ -413,7 +413,8 @@ class FlatMessageFile:
             raise ValidationError(f"records of {int(sizes.sum())} bytes in total were given {len(data)} bytes")
         flat = np.frombuffer(data, dtype=np.uint8)
         index = starts[:, None] + _HEAD_BYTES
-        np.clip(index, 0, max(0, len(flat) - 1), out=index)
+        if int(starts[-1]) + len(_HEAD_BYTES) > len(flat):  # a last record shorter than a header: caught below
+            np.clip(index, 0, max(0, len(flat) - 1), out=index)
         heads = np.ascontiguousarray(flat[index]).view(_HEAD_DTYPE).reshape(len(sizes))
         del flat
         magic = heads["magic"]

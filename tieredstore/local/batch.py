@@ -135,19 +135,27 @@ class HotBatch:
         start = int(self.starts[index])
         return bytes(self.data[start : start + int(self.units["size"][index])])
 
-    def records_holding(self, marker: bytes) -> list[int]:
-        """Indexes of the records whose bytes contain ``marker``: one scan of the buffer, not one per record."""
-        ends = self.starts + self.sizes
-        found: list[int] = []
-        data = self.data
-        at = data.find(marker)
-        while at >= 0:
-            index = int(np.searchsorted(ends, at, side="right"))
-            if at + len(marker) <= ends[index]:
-                found.append(index)
-            # Continue after this record (a record counts once however often the marker occurs).
-            at = data.find(marker, max(at + 1, int(ends[index])))
-        return found
+    def records_holding(self, markers: Sequence[bytes]) -> list[int]:
+        """Indexes of the records whose properties contain one of ``markers`` (a record whose length fields
+        do not add up is searched whole): one scan over the properties of all records, not one per record."""
+        layout = Layout.of(self)
+        begins = np.where(layout.sound, self.starts + layout.properties_at, self.starts)
+        lengths = np.where(layout.sound, layout.properties_length, self.sizes)
+        searched = np.flatnonzero(lengths > 0)
+        if not len(searched):
+            return []
+        begins, lengths = begins[searched], lengths[searched]
+        with memoryview(self.data) as view:
+            joined = b"".join([view[b : b + n] for b, n in zip(begins.tolist(), lengths.tolist(), strict=True)])
+        ends = np.cumsum(lengths)
+        found: set[int] = set()
+        for marker in markers:
+            at = joined.find(marker)
+            while at >= 0:
+                piece = int(np.searchsorted(ends, at, side="right"))
+                found.add(int(searched[piece]))  # a marker across two pieces only costs a decode
+                at = joined.find(marker, max(at + 1, int(ends[piece])))
+        return sorted(found)
 
 
 def units_from(files: Sequence[MappedRegion], queue_offset: int, count: int) -> bytes:
@@ -208,16 +216,25 @@ def located_prefix(files: Sequence[MappedRegion], units: np.ndarray) -> tuple[in
 
 
 def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64Array, sizes: Int64Array) -> bytearray:
-    """The records at ``local`` in file ``which`` (sizes ``sizes``) joined into one buffer."""
+    """The records at ``local`` in file ``which`` (sizes ``sizes``) joined into one buffer.
+
+    Records that lie back to back in one file (a producer's batch to one queue) are copied as one slice.
+    """
+    if not len(which):
+        return bytearray()
+    ends = local + sizes
+    breaks = np.flatnonzero((local[1:] != ends[:-1]) | (which[1:] != which[:-1])) + 1
+    firsts = np.concatenate(([0], breaks))
+    lasts = np.concatenate((breaks - 1, [len(which) - 1]))
     buffers = [file.buffer for file in files]
-    begins = local.tolist()
-    ends = (local + sizes).tolist()
+    begins = local[firsts].tolist()
+    finishes = ends[lasts].tolist()
     try:
-        if len(which) and int(which[0]) == int(which[-1]):
+        if int(which[0]) == int(which[-1]):
             buffer = buffers[int(which[0])]
-            return bytearray().join([buffer[begin:end] for begin, end in zip(begins, ends, strict=True)])
+            return bytearray().join([buffer[begin:end] for begin, end in zip(begins, finishes, strict=True)])
         return bytearray().join(
-            [buffers[w][begin:end] for w, begin, end in zip(which.tolist(), begins, ends, strict=True)]
+            [buffers[w][begin:end] for w, begin, end in zip(which[firsts].tolist(), begins, finishes, strict=True)]
         )
     except ValueError as exc:
         raise NotFoundError("a commit-log file was just deleted by retention") from exc
@@ -226,8 +243,12 @@ def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64A
 def _gather(flat: np.ndarray, positions: Int64Array, width: int) -> np.ndarray:
     """(n, width) bytes of ``flat`` from each position, clipped into range (callers mask what runs past)."""
     index = positions[:, None] + np.arange(width, dtype=np.int64)
-    np.clip(index, 0, max(0, len(flat) - 1), out=index)
-    return flat[index] if len(flat) else np.zeros(index.shape, dtype=np.uint8)
+    if not len(flat):
+        return np.zeros(index.shape, dtype=np.uint8)
+    if len(positions) and (int(positions.max()) + width > len(flat) or int(positions.min()) < 0):
+        np.clip(index, 0, len(flat) - 1, out=index)
+    gathered: np.ndarray = flat[index]
+    return gathered
 
 
 def _as(matrix: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
@@ -280,6 +301,52 @@ def check_written(batch: HotBatch) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the variable parts of each record of a batch are, from its length fields, all records at once.
+
+    Offsets are from each record's start. ``sound`` says the fields add up: BODYLEN, the topic length
+    and the properties length each fit, and the properties end exactly where the record ends.
+    """
+
+    body_at: Int64Array
+    body_length: Int64Array
+    topic_at: Int64Array
+    topic_length: Int64Array
+    properties_at: Int64Array
+    properties_length: Int64Array
+    sound: BoolArray
+
+    @classmethod
+    def of(cls, batch: HotBatch) -> Layout:
+        heads = batch.heads
+        sizes = batch.sizes
+        starts = batch.starts
+        flat = np.frombuffer(batch.data, dtype=np.uint8)
+        v2 = heads["magic"] == MAGIC_V2
+        sysflag = heads["sysflag"]
+        born = np.where((sysflag & SYSFLAG_BORNHOST_V6) != 0, 20, 8)
+        stored = np.where((sysflag & SYSFLAG_STOREHOST_V6) != 0, 20, 8)
+        body_length_at = POS_BORN_HOST + born + 8 + stored + 12
+        sound = (sizes >= MIN_RECORD_SIZE) & (body_length_at + 4 <= sizes)
+        body_length = _as(_gather(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
+        body_at = body_length_at + 4
+        sound &= (body_length >= 0) & (body_at + body_length <= sizes)
+        topic_length_at = body_at + body_length
+        topic_field = np.where(v2, 2, 1)
+        sound &= topic_length_at + topic_field <= sizes
+        length_bytes = _gather(flat, starts + topic_length_at, 2)
+        topic_length = np.where(
+            v2, _as(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
+        )
+        topic_at = topic_length_at + topic_field
+        sound &= (topic_length >= 0) & (topic_at + topic_length + 2 <= sizes)
+        properties_at = topic_at + topic_length + 2
+        properties_length = _as(_gather(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
+        sound &= (properties_length >= 0) & (properties_at + properties_length == sizes)
+        return cls(body_at, body_length, topic_at, topic_length, properties_at, properties_length, sound)
+
+
 def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
     """Index of the first record of a followed store that ``record_problem`` would refuse, or None.
 
@@ -294,46 +361,26 @@ def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
     heads = batch.heads
     units = batch.units
     sizes = batch.sizes
-    starts = batch.starts
     magic = heads["magic"]
-    v2 = magic == MAGIC_V2
-    bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & ~v2) | (heads["total_size"] != sizes)
+    bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
     bad |= heads["physical_offset"] != units["commitlog_offset"]
     bad |= heads["queue_id"] != batch.queue_id
     bad |= heads["queue_offset"] != np.arange(batch.first_offset, batch.next_offset, dtype=np.int64)
+    layout = Layout.of(batch)
+    bad |= ~layout.sound | (layout.topic_length != len(topic_raw))
     flat = np.frombuffer(batch.data, dtype=np.uint8)
-    sysflag = heads["sysflag"]
-    born = np.where((sysflag & SYSFLAG_BORNHOST_V6) != 0, 20, 8)
-    stored = np.where((sysflag & SYSFLAG_STOREHOST_V6) != 0, 20, 8)
-    body_length_at = POS_BORN_HOST + born + 8 + stored + 12
-    bad |= body_length_at + 4 > sizes
-    body_length = _as(_gather(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
-    body_at = body_length_at + 4
-    bad |= (body_length < 0) | (body_at + body_length > sizes)
-    topic_length_at = body_at + body_length
-    topic_field = np.where(v2, 2, 1)
-    bad |= topic_length_at + topic_field > sizes
-    length_bytes = _gather(flat, starts + topic_length_at, 2)
-    topic_length = np.where(
-        v2, _as(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
-    )
-    topic_at = topic_length_at + topic_field
-    bad |= (topic_length != len(topic_raw)) | (topic_at + len(topic_raw) + 2 > sizes)
     if topic_raw:
-        topics = _gather(flat, starts + topic_at, len(topic_raw))
+        topics = _gather(flat, batch.starts + layout.topic_at, len(topic_raw))
         bad |= (topics != np.frombuffer(topic_raw, dtype=np.uint8)).any(axis=1)
-    properties_at = topic_at + len(topic_raw) + 2
-    properties_length = _as(_gather(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
-    bad |= (properties_length < 0) | (properties_at + properties_length != sizes)
-    last_byte = flat[np.clip(starts + sizes - 1, 0, len(flat) - 1)]
-    bad |= (properties_length > 0) & (last_byte != 0x02)
+    last_byte = flat[np.clip(batch.starts + sizes - 1, 0, len(flat) - 1)]
+    bad |= (layout.properties_length > 0) & (last_byte != 0x02)
     first_bad = _first(bad)
     # The rest is per record: only records before the first bad one need it (the rest are not served).
     checked = count if first_bad is None else first_bad
-    tag_bad = _tag_mismatches(batch, properties_at, checked)
+    tag_bad = _tag_mismatches(batch, layout.properties_at, checked)
     if tag_bad is not None:
         checked = tag_bad
-    crc_bad = _crc_mismatch(batch, body_at, body_length, checked)
+    crc_bad = _crc_mismatch(batch, layout.body_at, layout.body_length, checked)
     for candidate in (crc_bad, tag_bad, first_bad):
         if candidate is not None:
             return candidate
@@ -354,7 +401,7 @@ def _tag_mismatches(batch: HotBatch, properties_at: Int64Array, checked: int) ->
     """The first of the first ``checked`` records whose unit tag hash is not its TAGS' hash, or None."""
     tags = batch.units["tag_hash"][:checked].astype(np.int64)
     suspects = set(np.flatnonzero(tags != 0).tolist())
-    suspects.update(index for index in batch.records_holding(_TAGS_MARKER) if index < checked)
+    suspects.update(index for index in batch.records_holding([_TAGS_MARKER]) if index < checked)
     for index in sorted(suspects):
         start = int(batch.starts[index])
         properties = bytes(batch.data[start + int(properties_at[index]) : start + int(batch.units["size"][index])])

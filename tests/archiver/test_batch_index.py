@@ -1,0 +1,40 @@
+"""The key-index entries the archiver makes from a hot batch: exactly the records whose properties carry keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tieredstore.formats.message import decode, store_timestamp_of
+from tieredstore.index import IndexEntry
+
+from .helpers import Archive
+
+
+async def test_only_records_whose_properties_carry_keys_are_indexed_with_their_own_fields(archive: Archive) -> None:
+    hot = archive.hot
+    for n in range(40):
+        keys = [f"k{n}", f"alt{n}"] if n % 3 == 0 else []
+        # Marker bytes in a body are not keys: such a record must not be indexed.
+        body = b"KEYS\x01not-a-key\x02UNIQ_KEY\x01nor-this" if n % 5 == 0 else bytes([n]) * (50 + n)
+        properties = {"UNIQ_KEY": f"U{n}"} if n % 7 == 0 else None
+        hot.put_message("Mixed", 1, body, keys=keys, tags="t" if n % 2 else None, properties=properties)
+    put: list[IndexEntry] = []
+    original = archive.index.put
+
+    async def recording_put(entries: list[IndexEntry], *args: Any, **kwargs: Any) -> Any:
+        put.extend(entries)
+        return await original(entries, *args, **kwargs)
+
+    archive.index.put = recording_put  # type: ignore[method-assign]
+    dispatcher = archive.dispatcher(group_commit_count=9, group_commit_timeout=0)
+    await dispatcher.run_once()
+
+    expected = []
+    for message in hot.read_messages("Mixed", 1, 0, 100, 1 << 30):
+        record = decode(message.raw)
+        keys = (*record.keys, *([record.properties["UNIQ_KEY"]] if "UNIQ_KEY" in record.properties else []))
+        if keys:
+            expected.append((message.queue_offset, keys, len(message.raw), store_timestamp_of(message.raw)))
+    assert len(expected) == len([n for n in range(40) if n % 3 == 0 or n % 7 == 0])
+    assert sorted((e.queue_offset, e.keys, e.size, e.timestamp) for e in put) == expected
+    assert {e.queue_id for e in put} == {1} and {e.topic for e in put} == {"Mixed"}
