@@ -4,6 +4,12 @@ The bottom of the archive-to-S3 and cold-read stacks: whatever the archiver and 
 this, they cannot beat it. Both sides move the same 4 MiB pieces at the same concurrency against one moto
 server running in its own process; ours commits each piece as a conditional-create chunk of a segment
 (one segment per writer, as one queue's commit log is) and reads each back with the segment's ranged read.
+
+Like with like: both sides send a CRC32 with every PUT (raw boto3 through botocore's default "when_supported"
+checksumming, ours computed by the provider), both verify the stored CRC32 of every whole-object GET, and
+both sign each PUT body's SHA-256, which botocore does on plain http endpoints such as this moto server
+(over https neither would). Raw boto3 does this work in its eight threads; the provider does the CRC32s in
+worker threads and the SHA-256 on its event loop.
 """
 
 from __future__ import annotations
