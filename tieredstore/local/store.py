@@ -19,10 +19,10 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -152,6 +152,38 @@ class _Restorable(NamedTuple):
     tag_hashes: list[int]
     store_timestamps: list[int]
     total: int
+
+
+class _RestoredResults(Sequence[PutResult]):
+    """Where each record of a restore landed, a PutResult built only when asked for (a restore asks for none)."""
+
+    __slots__ = ("_first", "_positions", "_queue_id", "_sizes", "_stamps", "_topic")
+
+    def __init__(
+        self, topic: str, queue_id: int, first: int, positions: list[int], sizes: list[int], stamps: list[int]
+    ) -> None:
+        self._topic, self._queue_id, self._first = topic, queue_id, first
+        self._positions, self._sizes, self._stamps = positions, sizes, stamps
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    @overload
+    def __getitem__(self, index: int) -> PutResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PutResult]: ...
+
+    def __getitem__(self, index: int | slice) -> PutResult | list[PutResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        at = range(len(self))[index]  # IndexError outside, negative indexes from the end
+        return PutResult(
+            self._topic, self._queue_id, self._first + at, self._positions[at], self._sizes[at], self._stamps[at]
+        )
+
+    def __iter__(self) -> Iterator[PutResult]:
+        return (self[i] for i in range(len(self)))
 
 
 # The head of a record with IPv4 hosts (the writer's layout), through BODYLEN: read for a whole batch at once.
@@ -775,7 +807,7 @@ class LocalMessageStore:
             log_.write_blank(blank_offset, blank_size)
         return plan.positions
 
-    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> list[PutResult]:
+    def restore_messages(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> Sequence[PutResult]:
         """Append archived records at the queue offsets they carry: a restore from cold storage.
 
         The first record must carry the queue's max offset, or any offset when the queue has never
@@ -810,9 +842,11 @@ class LocalMessageStore:
             if queue.max_offset != first:
                 # A queue that never held a message is rebased by its first unit, which must come before
                 # any reservation: reserving would create its files at offset 0.
-                results = self._restore_locked(queue, checked, 0, 1, reserve_units=False)
-                return results + self._restore_locked(queue, checked, 1, len(checked.sizes), reserve_units=True)
-            return self._restore_locked(queue, checked, 0, len(checked.sizes), reserve_units=True)
+                positions = self._restore_locked(queue, checked, 0, 1, reserve_units=False)
+                positions += self._restore_locked(queue, checked, 1, len(checked.sizes), reserve_units=True)
+            else:
+                positions = self._restore_locked(queue, checked, 0, len(checked.sizes), reserve_units=True)
+        return _RestoredResults(topic, queue_id, first, positions, checked.sizes, checked.store_timestamps)
 
     def _restorable(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> _Restorable:
         """Every record checked at once and joined into one buffer; the first that breaks a rule raises.
@@ -856,35 +890,37 @@ class LocalMessageStore:
         props_len = _restore_field(flat, np.where(sound, starts + tail_at, 0), np.dtype(">i2")).astype(np.int64)
         suspect |= (props_len < 0) | (tail_at + 2 + props_len != sizes)
         del flat
-        crcs = heads["crc"].tolist()
         body_ats = (starts + _RESTORE_HEAD.itemsize).tolist()
-        body_ends = (starts + _RESTORE_HEAD.itemsize + body_len).tolist()
-        props_ats = (starts + tail_at + 2).tolist()
-        ends = (starts + sizes).tolist()
-        holds_tags = (props_len >= len(_TAGS_NAME)).tolist()
-        bad = suspect.tolist()
+        # A suspect's body may run anywhere: its CRC is taken by the per-record check.
+        body_ends = (starts + _RESTORE_HEAD.itemsize + np.where(suspect, 0, body_len)).tolist()
+        crc32 = zlib.crc32
+        with memoryview(data) as view:
+            computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
+        suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["crc"]
         queue_offsets = heads["queue_offset"].tolist()
         stamps = heads["store_timestamp"].tolist()
         tag_hashes = [0] * count
-        crc32, find = zlib.crc32, data.find
-        with memoryview(data) as view:
-            for index, begin in enumerate(body_ats):
-                if bad[index] or crc32(view[begin : body_ends[index]]) & 0x7FFFFFFF != crcs[index]:
-                    # Raises for a broken record; a sound one of another layout comes back with its fields.
-                    raw = bytes(records[index])
-                    fields = self._restorable_one(topic, topic_raw, queue_id, raw)
-                    queue_offsets[index], stamps[index] = fields.queue_offset, fields.store_timestamp
-                    tag_hashes[index] = _restore_tag_hash(property_value(raw, fields, PROPERTY_TAGS))
-                elif holds_tags[index] and find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
-                    properties = bytes(view[props_ats[index] : ends[index]])
-                    tag_hashes[index] = _restore_tag_hash(decode_properties(properties).get(PROPERTY_TAGS))
+        # In order, so that the first broken record is the one reported.
+        for index in np.flatnonzero(suspect).tolist():
+            # Raises for a broken record; a sound one of another layout comes back with its fields.
+            raw = bytes(records[index])
+            fields = self._restorable_one(topic, topic_raw, queue_id, raw)
+            queue_offsets[index], stamps[index] = fields.queue_offset, fields.store_timestamp
+            tag_hashes[index] = _restore_tag_hash(property_value(raw, fields, PROPERTY_TAGS))
+        props_ats = (starts + tail_at + 2).tolist()
+        ends = (starts + sizes).tolist()
+        for index in np.flatnonzero(~suspect & (props_len >= len(_TAGS_NAME))).tolist():
+            if data.find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
+                properties = bytes(data[props_ats[index] : ends[index]])
+                tag_hashes[index] = _restore_tag_hash(decode_properties(properties).get(PROPERTY_TAGS))
         first = queue_offsets[0]
-        for index, queue_offset in enumerate(queue_offsets):
-            if queue_offset != first + index:
-                raise ValidationError(
-                    f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
-                    f"{queue_offset} follows {first + index - 1}"
-                )
+        jumps = np.flatnonzero(np.array(queue_offsets, dtype=np.int64) != first + np.arange(count))
+        if len(jumps):
+            index = int(jumps[0])
+            raise ValidationError(
+                f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
+                f"{queue_offsets[index]} follows {first + index - 1}"
+            )
         return _Restorable(data, sizes.tolist(), starts, first, tag_hashes, stamps, int(sizes.sum()))
 
     def _restorable_one(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> RecordFields:
@@ -908,8 +944,11 @@ class LocalMessageStore:
 
     def _restore_locked(
         self, queue: ConsumeQueue, batch: _Restorable, begin: int, end: int, *, reserve_units: bool
-    ) -> list[PutResult]:
-        """Records [begin, end) of a checked batch: one commit-log write per file they land in, one units append."""
+    ) -> list[int]:
+        """Records [begin, end) of a checked batch: one commit-log write per file they land in, one units append.
+
+        Returns where each record landed in the commit log.
+        """
         if begin >= end:
             return []
         sizes = batch.sizes[begin:end]
@@ -944,14 +983,8 @@ class LocalMessageStore:
                 _release_pages(file.buffer, local, length)
         offsets = plan.positions
         tags = batch.tag_hashes[begin:end]
-        stamps = batch.store_timestamps[begin:end]
         first = batch.first_offset + begin
-        topic, queue_id = queue.topic, queue.queue_id
-        results = [
-            PutResult(topic, queue_id, first + index, offset, size, stamp)
-            for index, (offset, size, stamp) in enumerate(zip(offsets, sizes, stamps, strict=True))
-        ]
-        self._last_store_timestamp = max(self._last_store_timestamp, max(stamps))
+        self._last_store_timestamp = max(self._last_store_timestamp, max(batch.store_timestamps[begin:end]))
         # As in _put: records are published before the units that point at them.
         log_.write_offset = plan.end_offset
         if reserve_units:
@@ -961,7 +994,7 @@ class LocalMessageStore:
                 queue.append(ConsumeQueueUnit(offset, size, tag), first + index)
         self._dispatched_offset = plan.end_offset
         self._unit_count += len(sizes)
-        return results
+        return offsets
 
     def _check_disk(self, incoming: int, now_ms: int | None = None) -> None:
         cap = self.config.hot_disk_max_bytes
