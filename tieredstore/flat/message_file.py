@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.flat.append_file import Clock, wall_clock_ms
@@ -93,7 +94,6 @@ Int64Array = npt.NDArray[np.int64]
 _UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 _HEAD_DTYPE = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("skipped", "u1", (12,)), ("queue_offset", ">i8")])
 _HEAD_BYTES = np.arange(_HEAD_DTYPE.itemsize, dtype=np.int64)
-_PHYSICAL_OFFSET_BYTES = np.arange(POS_PHYSICAL_OFFSET, POS_PHYSICAL_OFFSET + 8, dtype=np.int64)
 assert _UNIT_DTYPE.itemsize == UNIT_SIZE and _HEAD_DTYPE.itemsize == POS_QUEUE_OFFSET + 8
 
 
@@ -394,9 +394,10 @@ class FlatMessageFile:
         await self.commit_log.prepare_append(len(data), oldest)
         physical_offset = self.commit_log.append_offset
         physical = starts + physical_offset
-        flat = np.frombuffer(data, dtype=np.uint8)
-        flat[starts[:, None] + _PHYSICAL_OFFSET_BYTES] = physical.astype(">i8").view(np.uint8).reshape(-1, 8)
-        del flat  # the commit log takes the buffer over: no view of it may stay behind
+        fields = sliding_window_view(np.frombuffer(data, dtype=np.uint8)[POS_PHYSICAL_OFFSET:], 8, writeable=True)
+        # Rows at distinct record starts never overlap: each assignment writes one record's 8 bytes.
+        fields[starts] = physical.astype(">i8").view(np.uint8).reshape(-1, 8)
+        del fields  # the commit log takes the buffer over: no view of it may stay behind
         units = np.empty(len(sizes), dtype=_UNIT_DTYPE)
         units["commitlog_offset"] = physical
         units["size"] = sizes
@@ -412,11 +413,12 @@ class FlatMessageFile:
         if int(sizes.sum()) != len(data):
             raise ValidationError(f"records of {int(sizes.sum())} bytes in total were given {len(data)} bytes")
         flat = np.frombuffer(data, dtype=np.uint8)
-        index = starts[:, None] + _HEAD_BYTES
-        if int(starts[-1]) + len(_HEAD_BYTES) > len(flat):  # a last record shorter than a header: caught below
-            np.clip(index, 0, max(0, len(flat) - 1), out=index)
-        heads = np.ascontiguousarray(flat[index]).view(_HEAD_DTYPE).reshape(len(sizes))
-        del flat
+        if int(starts[-1]) + _HEAD_DTYPE.itemsize <= len(flat):
+            rows = sliding_window_view(flat, _HEAD_DTYPE.itemsize)[starts]
+        else:  # a last record shorter than a header: read what there is, refused below
+            rows = flat[np.clip(starts[:, None] + _HEAD_BYTES, 0, max(0, len(flat) - 1))]
+        heads = np.ascontiguousarray(rows).view(_HEAD_DTYPE).reshape(len(sizes))
+        del flat, rows
         magic = heads["magic"]
         bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
         bad |= heads["queue_offset"] != np.arange(first_offset, first_offset + len(sizes), dtype=np.int64)

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -242,11 +243,14 @@ def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64A
 
 def _gather(flat: np.ndarray, positions: Int64Array, width: int) -> np.ndarray:
     """(n, width) bytes of ``flat`` from each position, clipped into range (callers mask what runs past)."""
+    if len(flat) >= width and (not len(positions) or (positions.min() >= 0 and positions.max() + width <= len(flat))):
+        # Rows of a sliding-window view: numpy copies width bytes per row, no index matrix is built.
+        rows: np.ndarray = sliding_window_view(flat, width)[positions]
+        return rows
     index = positions[:, None] + np.arange(width, dtype=np.int64)
     if not len(flat):
         return np.zeros(index.shape, dtype=np.uint8)
-    if len(positions) and (int(positions.max()) + width > len(flat) or int(positions.min()) < 0):
-        np.clip(index, 0, len(flat) - 1, out=index)
+    np.clip(index, 0, len(flat) - 1, out=index)
     gathered: np.ndarray = flat[index]
     return gathered
 
