@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tieredstore.dispatcher import Dispatcher
+from tieredstore.flat import FlatFileStore
 from tieredstore.formats.message import decode, store_timestamp_of
 from tieredstore.index import IndexEntry
 
@@ -38,3 +40,28 @@ async def test_only_records_whose_properties_carry_keys_are_indexed_with_their_o
     assert len(expected) == len([n for n in range(40) if n % 3 == 0 or n % 7 == 0])
     assert sorted((e.queue_offset, e.keys, e.size, e.timestamp) for e in put) == expected
     assert {e.queue_id for e in put} == {1} and {e.topic for e in put} == {"Mixed"}
+
+
+async def test_messages_archived_but_not_recorded_before_a_crash_are_indexed_at_start(archive: Archive) -> None:
+    """A crash between the consume-queue commit and the metadata record: start() re-indexes what recovery found."""
+    archive.put("Crashed", 0, 30, keyed=True)
+    unindexed = Dispatcher(archive.hot, archive.flat, metadata=archive.metadata, index=None)
+    await unindexed.run_once()
+    position = archive.metadata.get_queue("Crashed", 0)
+    assert position.max_offset == 30
+    # As if the last commits' metadata records never happened: positions say 12, the files hold 30.
+    archive.metadata.record_commit("Crashed", 0, expected_version=position.version, max_offset=12)
+    flat = FlatFileStore(archive.provider, archive.metadata, cluster="TestCluster", broker="broker-a")
+    restarted = Dispatcher(archive.hot, flat, metadata=archive.metadata, index=archive.index)
+    await restarted.start()
+    assert archive.metadata.get_queue("Crashed", 0).max_offset == 30
+    topic_id = archive.metadata.get_topic("Crashed").id
+
+    async def confirm(_topic_id: int, queue_id: int, queue_offset: int) -> list[str]:
+        return archive.hot.get_message("Crashed", queue_id, queue_offset).keys
+
+    for offset in (12, 20, 29):  # re-indexed
+        hits = await archive.index.query("Crashed", topic_id, f"Crashed-0-{offset}", 10, 0, 1 << 62, confirm)
+        assert [(h.queue_id, h.queue_offset) for h in hits] == [(0, offset)]
+    # Below the recorded position nothing is re-indexed (those entries were put at their own commit).
+    assert await archive.index.query("Crashed", topic_id, "Crashed-0-5", 10, 0, 1 << 62, confirm) == []
