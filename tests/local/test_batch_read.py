@@ -190,3 +190,14 @@ def test_records_back_to_back_in_the_commit_log_are_served_whole(tmp_path: Path,
             same(
                 store.read_batch(TOPIC, 0, start, count, 1 << 30), store.read_messages(TOPIC, 0, start, count, 1 << 30)
             )
+
+
+def test_a_follower_refuses_a_record_whose_tags_no_longer_match_its_unit(tmp_path: Path) -> None:
+    fill(tmp_path)
+    path, position = record_position(tmp_path, 0, 1)  # message 3: TAGS tag3
+    with opened(tmp_path, "follower") as follower:
+        raw = follower.read_messages(TOPIC, 0, 1, 1)[0].raw
+        overwrite(path, position + raw.index(b"TAGS\x01tag3") + 8, b"9")
+        with pytest.raises(CorruptRecordError, match="offset 1 changed after it was checked: unit tag hash"):
+            follower.read_batch(TOPIC, 0, 0, 100, 1 << 30)
+        assert len(follower.read_batch(TOPIC, 0, 0, 1, 1 << 30)) == 1
