@@ -184,9 +184,10 @@ def _thread_session() -> AioSession:
 class S3Options:
     """How to reach S3. Credentials are excluded from ``repr`` and equality output is never logged.
 
-    ``max_pool_connections`` bounds the connections one provider holds open to the endpoint (botocore's
-    default, 10): concurrent calls beyond it wait for a free connection, so raise it to at least the
-    number of commits and reads the caller keeps in flight at once.
+    ``max_pool_connections`` bounds the connections one provider holds open to the endpoint: calls beyond
+    it wait for a free connection. It should cover every call in flight at once on one provider, which in
+    a runtime is the archiver's pending commits and the readers' fetches together, so the default is 32
+    rather than botocore's 10; connections are opened only as calls need them.
     """
 
     endpoint_url: str | None = None
@@ -203,7 +204,7 @@ class S3Options:
     retry_initial_delay: float = 0.1
     retry_max_delay: float = 5.0
     list_page_size: int = 1000
-    max_pool_connections: int = 10
+    max_pool_connections: int = 32
 
     def __post_init__(self) -> None:
         if self.addressing_style not in ("auto", "path", "virtual"):
