@@ -5,7 +5,8 @@ in its own process. Each "ours" round runs the CLI as its own process, configure
 ``TIEREDSTORE_*`` variables, restoring the whole topic into an empty hot store; its throughput is
 taken from its JSON summary (the restore itself, not interpreter start-up) and its process tree's
 peak RSS is sampled from outside. The baseline GETs every cold commit-log chunk object in full, one
-at a time (the restore reads one batch at a time, too): the same record bytes, nothing written.
+at a time: the same record bytes, nothing written. The restore runs with its defaults (4 queues at
+once, at most 32 MiB of records read and not yet written), so its peak RSS includes that much data.
 """
 
 from __future__ import annotations

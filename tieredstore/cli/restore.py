@@ -7,8 +7,14 @@ beside a ``.progress`` file that is replaced atomically after every fsynced batc
 
 Resuming is positional, never by memory: a hot queue continues at its max offset, a file at the
 offset its progress file names (bytes written after it are cut first). Re-running after an
-interruption therefore continues and never writes a message twice. Memory is bounded: one batch
-(``batch_messages`` / ``batch_bytes``) is written while the next one is read.
+interruption therefore continues and never writes a message twice.
+
+Up to ``--parallel`` queues (4) are restored at once, each read up to ``read_ahead`` batches
+(``batch_messages`` / ``batch_bytes``) ahead of its writes; memory is bounded by ``--in-flight-mib``,
+the record bytes read from cold storage and not yet written (a batch larger than that goes alone).
+One thread writes every batch, each queue's in queue-offset order; the queues interleave in the hot
+commit log, which is what a hot store's producers do too. The first failed read or write stops the
+restore: every queue keeps what was written before it, and the next run resumes each one.
 
 Offsets the hot store lost before they were archived (a recorded hole in the cold consume queue)
 were never archived, and a restore keeps every other record at its original offset. Into a
