@@ -154,6 +154,8 @@ class OnceResult:
 class _Batch:
     records: HotBatch | None
     hot: HotView
+    # Key-index entries of the records, found in the reading thread (off the event loop).
+    entries: list[IndexEntry] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -511,7 +513,7 @@ class Dispatcher:
             return await self._commit(state)
         start = flat_file.append_offset
         try:
-            batch = await asyncio.to_thread(self._read_batch, state.topic, state.queue_id, start)
+            batch = await asyncio.to_thread(self._read_batch, state, start)
         except NotFoundError:
             batch = _Batch(None, await asyncio.to_thread(self._hot_view, state.topic, state.queue_id, start))
         except (TieredStoreError, OSError) as error:
@@ -524,16 +526,15 @@ class Dispatcher:
             return await self._skip_lost_range(state, start, batch.hot.min_offset)
         if batch.records is None or not len(batch.records):
             return False
-        buffered = await self._buffer(state, batch.records, start)
+        buffered = await self._buffer(state, batch.records, batch.entries, start)
         # The hot copies are not needed once buffered: only the cold queue's buffers stay while it commits.
         del batch
         return buffered and await self._commit(state)
 
-    async def _buffer(self, state: _QueueState, records: HotBatch, start: int) -> bool:
+    async def _buffer(self, state: _QueueState, records: HotBatch, entries: list[IndexEntry], start: int) -> bool:
         """Append the batch to the cold queue in one call; on failure keep what was buffered, for the retry."""
         flat_file = state.flat_file
         assert flat_file is not None
-        entries = self._index_entries(state, records) if self.index is not None else []
         sizes = records.sizes
         try:
             # The cold commit log takes the batch's buffer over (its PHYSICALOFFSETs are rewritten in place).
@@ -551,7 +552,8 @@ class Dispatcher:
         state.unrecorded_entries.extend(entries)
         return True
 
-    def _read_batch(self, topic: str, queue_id: int, start: int) -> _Batch:
+    def _read_batch(self, state: _QueueState, start: int) -> _Batch:
+        topic, queue_id = state.topic, state.queue_id
         settings = self.settings
         hot_min = self.hot.min_offset(topic, queue_id)
         if hot_min > start:
@@ -559,7 +561,8 @@ class Dispatcher:
         records = self.hot.read_batch(
             topic, queue_id, start, max_count=settings.group_commit_count, max_bytes=settings.group_commit_size
         )
-        return _Batch(records, self._hot_view(topic, queue_id, records.next_offset))
+        entries = self._index_entries(state, records) if self.index is not None else []
+        return _Batch(records, self._hot_view(topic, queue_id, records.next_offset), entries)
 
     async def _commit(self, state: _QueueState) -> bool:
         """Commit log, consume queue, key-index entries, metadata; on failure keep everything for a retry."""
