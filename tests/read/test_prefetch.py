@@ -25,17 +25,24 @@ from tieredstore.store import AsyncTieredMessageStore
 
 TOPIC = "Prefetched"
 WINDOW = 100
+BODY = 200
 
 
 @asynccontextmanager
 async def _store(
-    tmp_path: Path, reads: ReadLog, records: int, *, body: int = 200
+    tmp_path: Path, reads: ReadLog, records: int, *, cache_records: int | None = None
 ) -> AsyncIterator[tuple[AsyncTieredMessageStore, FlatMessageFile, str]]:
-    """A cold-only store holding ``records`` messages of queue 0, windows of 100, the read log cleared."""
+    """A cold-only store holding ``records`` messages of queue 0, windows of 100, the read log cleared.
+
+    ``cache_records``: a read-ahead cache with room for that many records (default: the default bound).
+    """
     url = f"memory://prefetch-{tmp_path.name}"
-    config = config_for_backend(tmp_path, ProviderBackend("memory", url), read={"read_ahead_count": WINDOW})
+    read: dict[str, int] = {"read_ahead_count": WINDOW}
+    if cache_records is not None:
+        read["read_ahead_cache_bytes"] = cache_records * len(make_record(TOPIC, 0, 0, body=bytes(BODY)))
+    config = config_for_backend(tmp_path, ProviderBackend("memory", url), read=read)
     async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
-        encoded = [make_record(TOPIC, 0, n, body=bytes([n % 251]) * body) for n in range(records)]
+        encoded = [make_record(TOPIC, 0, n, body=bytes([n % 251]) * BODY) for n in range(records)]
         flat_file = await append_records(store.runtime, TOPIC, 0, encoded, index=False)
         reads.clear()
         yield store, flat_file, url
@@ -103,13 +110,34 @@ async def test_the_next_window_is_read_in_the_background_and_reads_stay_two_per_
             assert _value(metrics.cache_hits) == 350 - (10 + 32 + 28 + 24)
 
 
+async def test_prefetching_stays_within_the_cache_bypass_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # room for 250 records: the bypass threshold (80%) is 200, two windows
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 400, cache_records=250) as (store, _flat_file, _url):
+            await store.get_messages(TOPIC, 0, 0, 32)
+            await store.fetcher.wait_for_prefetches()
+            assert reads.count(FileType.COMMIT_LOG) == 2  # window 1 cached, window 2 fits beside it
+            assert await _consume(store, 32, 132) == list(range(32, 132))
+            # window 2 is cached now too: a third would pass the threshold, so nothing is read ahead
+            await store.fetcher.wait_for_prefetches()
+            assert reads.count(FileType.COMMIT_LOG) == 2 and store.fetcher.prefetching == 0
+            assert await _consume(store, 132, 200) == list(range(132, 200))
+            assert reads.count(FileType.COMMIT_LOG) == 2
+            # the reader of window 3 reads it itself, evicting window 1
+            assert await _consume(store, 200, 201) == [200]
+            assert reads.count(FileType.COMMIT_LOG) == 3
+            assert len(store.fetcher.cache) == 200
+
+
 async def test_a_corrupt_record_in_a_prefetched_window_fails_only_its_reader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with counting_reads(monkeypatch) as reads:
         async with _store(tmp_path, reads, 300) as (store, flat_file, url):
             units = await flat_file.read_units(0, 300)
-            _flip(url, flat_file, units[150].commitlog_offset + len(make_record(TOPIC, 0, 150, body=bytes(200))) - 40)
+            _flip(url, flat_file, units[150].commitlog_offset + len(make_record(TOPIC, 0, 150, body=bytes(BODY))) - 40)
             _flip(url, flat_file, units[170].commitlog_offset + POS_MAGIC)
             assert await _consume(store, 0, 128) == list(range(128))  # window 2 was prefetched meanwhile
             with pytest.raises(CorruptRecordError, match="body CRC mismatch") as crc_error:
