@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,12 @@ from tests.cli.conftest import SMALL_FILES
 from tests.cli.helpers import Node, hot_records, without_physical_offset
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.cli.common import open_read_node
-from tieredstore.cli.restore import HotStoreSink, RecordBytes, RestoreRequest, restore_archive
+from tieredstore.cli.restore import HotStoreSink, RestoreRequest, restore_archive
 from tieredstore.config import load_config
 from tieredstore.errors import StoreFullError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.local import LocalMessageStore
+from tieredstore.local.store import JoinedRecords
 
 COUNTS = {0: 130, 1: 75, 2: 1, 3: 96, 4: 58}
 
@@ -64,7 +64,7 @@ def test_an_interrupted_parallel_restore_resumes_every_queue_without_duplicates(
     real = LocalMessageStore.restore_messages
     calls = {"n": 0}
 
-    def failing(store: LocalMessageStore, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> object:
+    def failing(store: LocalMessageStore, topic: str, queue_id: int, records: JoinedRecords) -> object:
         calls["n"] += 1
         if calls["n"] == 12:
             raise StoreFullError("the disk filled up (test)")
@@ -130,9 +130,9 @@ def restore_counting(posix: Node, monkeypatch: pytest.MonkeyPatch, request: Rest
         return raw
 
     class CountingSink(HotStoreSink):
-        def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
-            super().write(topic, queue_id, records)
-            counted["written"] += sum(len(r) for r in records)
+        def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
+            super().write(topic, queue_id, batch)
+            counted["written"] += len(batch.data)
 
     monkeypatch.setattr(FlatMessageFile, "read_commit_log", counting_read)
 

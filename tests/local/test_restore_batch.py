@@ -24,16 +24,21 @@ from tieredstore.formats.message import (
     tag_hash,
 )
 from tieredstore.local import LocalMessageStore
+from tieredstore.local.store import JoinedRecords
 
 
+@pytest.mark.parametrize("given_as", ["records", "one-buffer"])
 def test_one_batch_across_commit_log_files_lands_at_new_offsets_with_physical_offsets_rewritten(
-    tmp_path: Path,
+    tmp_path: Path, given_as: str
 ) -> None:
     config = small_config()
     records = rebased(produce(tmp_path / "source", config, 120), 1000)
     with LocalMessageStore(tmp_path / "target", config=config) as target:
         target.put_message("Other", 0, b"x" * 5000)  # the batch starts mid-file, not at 0
-        results = target.restore_messages(TOPIC, 0, records)
+        if given_as == "records":
+            results = target.restore_messages(TOPIC, 0, records)
+        else:
+            results = target.restore_messages(TOPIC, 0, JoinedRecords(b"".join(records), [len(r) for r in records]))
         assert [r.queue_offset for r in results] == list(range(1000, 1120))
         # One batch spans three 64 KiB files: two blanks end the first two.
         assert len({r.commitlog_offset // config.commit_log_file_size for r in results}) >= 3
@@ -152,3 +157,18 @@ def test_records_of_other_layouts_in_a_batch_are_checked_one_by_one_and_restored
         with pytest.raises(CorruptRecordError):
             target.restore_messages(TOPIC, 0, [MessageRecord(TOPIC, 0, b"n", queue_offset=6).encode(), bytes(broken)])
         assert target.max_offset(TOPIC, 0) == 6
+
+
+def test_joined_records_are_whole_records_or_refused(tmp_path: Path) -> None:
+    records = produce(tmp_path / "source", small_config(), 4)
+    joined = b"".join(records)
+    with pytest.raises(ValidationError, match="add up to"):
+        JoinedRecords(joined, [len(r) for r in records[:3]])
+    assert [bytes(view) for view in JoinedRecords(joined, [len(r) for r in records])] == records
+    with LocalMessageStore(tmp_path / "target", config=small_config()) as target:
+        # Sizes that cut the records elsewhere make records that are not whole: refused, nothing written.
+        cut = [len(records[0]) + 1, len(joined) - len(records[0]) - 1]
+        with pytest.raises(CorruptRecordError):
+            target.restore_messages(TOPIC, 0, JoinedRecords(joined, cut))
+        assert target.commitlog_max_offset == 0
+        assert len(target.restore_messages(TOPIC, 0, JoinedRecords(joined, [len(r) for r in records]))) == 4

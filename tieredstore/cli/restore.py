@@ -34,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,13 +74,11 @@ from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, V
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
-from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
 
 MIB = 1 << 20
 ExportFormat = Literal["jsonl", "raw"]
-# One record's bytes: a slice of the commit-log bytes a batch was read as.
-RecordBytes = bytes | memoryview
 # A cold consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
 _UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 # Units read at once when a queue's next batch needs more (1.25 MiB of units).
@@ -204,7 +202,7 @@ class RestoreSink(Protocol):
 
     def resume_offset(self, topic: str, queue_id: int, first: int, end: int) -> int: ...
 
-    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None: ...
+    def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None: ...
 
     def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None: ...
 
@@ -238,9 +236,9 @@ class HotStoreSink:
             )
         return min(held, end)
 
-    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+    def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         assert self.store is not None
-        self.store.restore_messages(topic, queue_id, records)
+        self.store.restore_messages(topic, queue_id, batch)
 
     def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None:
         raise ValidationError(
@@ -307,18 +305,18 @@ class DirectorySink:
             self._save_progress(topic, queue_id)
         return resume
 
-    def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+    def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         handle = self._handles[(topic, queue_id)]
         if self.format == "raw":
-            handle.write(b"".join(records))
+            handle.write(batch.data)
         else:
             lines = []
-            for raw in records:
+            for raw in batch:
                 record = decode_message(bytes(raw), where=f"cold {topic}/{queue_id}")
                 fields = message_fields(record, tier="cold", size=len(raw))
                 lines.append(json.dumps(fields, sort_keys=True).encode() + b"\n")
             handle.write(b"".join(lines))
-        self._next[(topic, queue_id)] += len(records)
+        self._next[(topic, queue_id)] += len(batch)
         self._save_progress(topic, queue_id)
 
     def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None:
@@ -423,14 +421,14 @@ class _Writer:
     def __exit__(self, *exc: object) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._write, topic, queue_id, records)
+    async def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._write, topic, queue_id, batch)
 
-    def _write(self, topic: str, queue_id: int, records: Sequence[RecordBytes]) -> None:
+    def _write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         if self._failed.is_set():
             raise _Abandoned(f"{topic}/{queue_id}: not written, an earlier write failed")
         try:
-            self._sink.write(topic, queue_id, records)
+            self._sink.write(topic, queue_id, batch)
         except BaseException as error:
             self.error = error
             self._failed.set()
@@ -441,8 +439,7 @@ class _Writer:
 class _Batch:
     """Consecutive records of one queue as read, and the bytes of the budget they hold until written."""
 
-    records: list[memoryview]
-    bytes: int
+    records: JoinedRecords
     held: int
 
 
@@ -502,9 +499,12 @@ async def _read_batch(
             f"cold commit log of {flat_file.topic}/{flat_file.queue_id} ends before the record at queue offset "
             f"{offset + int(short[0])}"
         )
-    view = memoryview(raw)
-    records = [view[begin:stop] for begin, stop in zip(positions.tolist(), ends.tolist(), strict=True)]
-    return _Batch(records, int((ends - positions).sum()), held)
+    sizes = ends - positions
+    if positions[0] != 0 or (positions[1:] != ends[:-1]).any() or len(raw) != ends[-1]:
+        # Not back to back (never so in a commit log the archiver wrote): each record is cut out.
+        view = memoryview(raw)
+        raw = b"".join(view[begin:stop] for begin, stop in zip(positions.tolist(), ends.tolist(), strict=True))
+    return _Batch(JoinedRecords(raw, sizes.tolist()), held)
 
 
 async def restore_archive(
@@ -633,7 +633,7 @@ async def _restore_queue(
             finally:
                 await budget.release(item.held)
             outcome.restored += len(item.records)
-            outcome.bytes += item.bytes
+            outcome.bytes += len(item.records.data)
             if on_progress is not None:
                 on_progress(outcome, len(item.records))
     finally:

@@ -154,6 +154,38 @@ class _Restorable(NamedTuple):
     total: int
 
 
+class JoinedRecords(Sequence[memoryview]):
+    """Records back to back in one buffer, ``sizes[i]`` bytes each, as a cold commit log holds a queue's.
+
+    A sequence of the records (views of ``data``); ``restore_messages`` takes the buffer as it is.
+    """
+
+    __slots__ = ("_ends", "data", "sizes")
+
+    def __init__(self, data: bytes, sizes: list[int]) -> None:
+        if sum(sizes) != len(data) or (sizes and min(sizes) < 0):
+            raise ValidationError(f"record sizes add up to {sum(sizes)} but the buffer holds {len(data)} bytes")
+        self.data = data
+        self.sizes = sizes
+        self._ends = list(itertools.accumulate(sizes))
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @overload
+    def __getitem__(self, index: int) -> memoryview: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[memoryview]: ...
+
+    def __getitem__(self, index: int | slice) -> memoryview | list[memoryview]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        at = range(len(self))[index]  # IndexError outside, negative indexes from the end
+        end = self._ends[at]
+        return memoryview(self.data)[end - self.sizes[at] : end]
+
+
 class _RestoredResults(Sequence[PutResult]):
     """Where each record of a restore landed, a PutResult built only when asked for (a restore asks for none)."""
 
@@ -815,7 +847,8 @@ class LocalMessageStore:
         by one. Every byte is kept except PHYSICALOFFSET, which becomes where the record lands here,
         so store timestamps, hosts and properties survive. Every record is checked (magic, sizes and
         lengths, body CRC, topic and queue) before anything is written, without being decoded whole; a
-        record that breaks a rule fails the whole call.
+        record that breaks a rule fails the whole call. ``JoinedRecords`` (records back to back in one
+        buffer, as a cold commit log holds them) are taken as they are, not cut into records.
         """
         validate_topic(topic)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
@@ -829,7 +862,11 @@ class LocalMessageStore:
             raise ValidationError("the hot store is closed")
         if not records:
             return []
-        checked = self._restorable(topic, queue_id, records)
+        if isinstance(records, JoinedRecords):
+            data, sizes = bytearray(records.data), records.sizes
+        else:
+            data, sizes = bytearray().join(records), [len(raw) for raw in records]
+        checked = self._restorable(topic, queue_id, data, sizes)
         first = checked.first_offset
         with self._put_lock:
             self._check_disk(checked.total + UNIT_SIZE * len(checked.sizes))
@@ -848,8 +885,8 @@ class LocalMessageStore:
                 positions = self._restore_locked(queue, checked, 0, len(checked.sizes), reserve_units=True)
         return _RestoredResults(topic, queue_id, first, positions, checked.sizes, checked.store_timestamps)
 
-    def _restorable(self, topic: str, queue_id: int, records: Sequence[bytes | memoryview]) -> _Restorable:
-        """Every record checked at once and joined into one buffer; the first that breaks a rule raises.
+    def _restorable(self, topic: str, queue_id: int, data: bytearray, record_sizes: Sequence[int]) -> _Restorable:
+        """The records of ``data`` (back to back, ``record_sizes`` bytes each) checked at once; the first bad raises.
 
         The fixed-position fields of all records are gathered and compared together; only the body
         CRC (zlib) and a TAGS lookup are per record. A record the batch check cannot prove sound goes
@@ -857,9 +894,8 @@ class LocalMessageStore:
         batch check does not take the short way, such as IPv6 hosts).
         """
         topic_raw = topic.encode("utf-8")
-        data = bytearray().join(records)
-        count = len(records)
-        sizes = np.fromiter((len(raw) for raw in records), dtype=np.int64, count=count)
+        count = len(record_sizes)
+        sizes = np.array(record_sizes, dtype=np.int64)
         starts = np.zeros(count, dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         flat = np.frombuffer(data, dtype=np.uint8)
@@ -900,15 +936,15 @@ class LocalMessageStore:
         queue_offsets = heads["queue_offset"].tolist()
         stamps = heads["store_timestamp"].tolist()
         tag_hashes = [0] * count
+        ends = (starts + sizes).tolist()
         # In order, so that the first broken record is the one reported.
         for index in np.flatnonzero(suspect).tolist():
             # Raises for a broken record; a sound one of another layout comes back with its fields.
-            raw = bytes(records[index])
+            raw = bytes(data[ends[index] - record_sizes[index] : ends[index]])
             fields = self._restorable_one(topic, topic_raw, queue_id, raw)
             queue_offsets[index], stamps[index] = fields.queue_offset, fields.store_timestamp
             tag_hashes[index] = _restore_tag_hash(property_value(raw, fields, PROPERTY_TAGS))
         props_ats = (starts + tail_at + 2).tolist()
-        ends = (starts + sizes).tolist()
         for index in np.flatnonzero(~suspect & (props_len >= len(_TAGS_NAME))).tolist():
             if data.find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
                 properties = bytes(data[props_ats[index] : ends[index]])
@@ -921,7 +957,7 @@ class LocalMessageStore:
                 f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
                 f"{queue_offsets[index]} follows {first + index - 1}"
             )
-        return _Restorable(data, sizes.tolist(), starts, first, tag_hashes, stamps, int(sizes.sum()))
+        return _Restorable(data, list(record_sizes), starts, first, tag_hashes, stamps, len(data))
 
     def _restorable_one(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> RecordFields:
         """One record checked on its own, every rule in turn: the errors a bad record of a restore gets."""
