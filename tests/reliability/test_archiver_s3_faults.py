@@ -19,7 +19,7 @@ import pytest
 import structlog
 
 from tests.archiver.processes import child_env, run_tieredstore
-from tests.fixtures.faultproxy import Fault, FaultProxy, FaultRates
+from tests.fixtures.faultproxy import Fault, FaultProxy, FaultRates, FaultRule
 from tests.fixtures.s3 import S3Server
 from tests.reliability.archiver_run import (
     FULL_SCALE,
@@ -74,6 +74,18 @@ def commit_failures(runtime: Any) -> float:
     )
 
 
+async def burst_of_put_failures(proxy: FaultProxy, dispatcher: Dispatcher) -> FaultRule:
+    """Once the archiver commits, fail the next 60 PUTs: more than its commits can absorb in retries.
+
+    Random faults alone let every commit through the provider's two attempts on a lucky run. With at most
+    ``max_pending_commits`` (8) commits in flight, each taking at most two attempts, at most 16 of 60
+    consecutive failed PUTs belong to a commit with an attempt outside them; the other 44 are both attempts
+    of at least 22 commits, which fail past the provider and are retried by the dispatcher.
+    """
+    await wait_for(lambda: dispatcher.stats.commits >= 3, within=120, what="the archiver's first commits")
+    return proxy.fail(FaultRule("PUT", 500, "InternalError", times=60))
+
+
 async def test_the_archiver_finishes_through_s3_faults_and_readers_never_get_bad_data(
     tmp_path: Path,
     s3_server: S3Server,
@@ -92,7 +104,9 @@ async def test_the_archiver_finishes_through_s3_faults_and_readers_never_get_bad
             tally = ReaderTally()
             archiver = asyncio.create_task(dispatcher.run(stop_archiver))
             readers = [asyncio.create_task(read_concurrently(runtime, stop_readers, tally, seed)) for seed in (1, 2)]
+            outage = asyncio.create_task(burst_of_put_failures(proxy, dispatcher))
             produced = await produce(runtime.hot, FAULT_MESSAGES, rate=20_000, seed=7)
+            burst = await outage
             caught_up_in = await wait_caught_up(runtime, within=300)
             stop_readers.set()
             await asyncio.gather(*readers)
@@ -108,7 +122,8 @@ async def test_the_archiver_finishes_through_s3_faults_and_readers_never_get_bad
     assert tally.wrong == []  # never a partial, corrupt or wrong message
     assert tally.cold > 1000, tally  # the readers really read cold data under the faults
     assert faults[str(Fault.INTERNAL_ERROR)] > 20 and faults[str(Fault.SLOW_DOWN)] > 5 and faults[str(Fault.RESET)] > 2
-    assert stats.commit_failures > 0  # some faults got past the provider's retries and the dispatcher retried
+    assert burst.times == 0  # the scripted burst was spent on the archiver's PUTs ...
+    assert stats.commit_failures > 0  # ... so some commits failed past the provider's retries and were retried
     with capsys.disabled():
         print(
             f"\nfigures archiver-s3-faults: {produced:,} messages in {seconds:.1f}s "
