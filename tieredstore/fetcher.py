@@ -30,12 +30,13 @@ a corrupt record further ahead does not fail an earlier batch. Serving is slicin
 
 **Prefetching.** When a window is read for the cache, the next window of the same queue is read in
 the background (one per queue, and only while the cache, with the windows in flight, stays under its
-bypass threshold). The reader who reaches it takes it (waiting if it is still in flight; its read
-error, if any, is raised to that reader, and the next call reads again); a reader who goes elsewhere
-cancels it, and ``close`` cancels them all. A prefetched window counts a miss when its reader reaches
-it, as a window read then would: the hit and miss metrics do not depend on prefetching. While
-prefetches are in flight, ``get_messages`` yields to the event loop once per call so they progress
-even when every call is served from the cache.
+bypass threshold), unless the reader jumped there: a window that neither is the queue's first read nor
+follows the last one read starts no prefetch. The reader who reaches it takes it (waiting if it is
+still in flight; its read error, if any, is raised to that reader, and the next call reads again); a
+reader who goes elsewhere cancels it, and ``close`` cancels them all. A prefetched window counts a
+miss when its reader reaches it, as a window read then would: the hit and miss metrics do not depend
+on prefetching. While prefetches are in flight, ``get_messages`` yields to the event loop once per
+call so they progress even when every call is served from the cache.
 
 **Read-ahead cache.** Each window is kept as one entry, a ``ReadAheadBatch`` (the commit-log bytes as
 read, each record's place in them, the check's outcome), under (topic, queue, first offset): one cache
@@ -645,6 +646,7 @@ class MessageFetcher:
         self._prefetches: dict[tuple[str, int], _Prefetch] = {}
         self._prefetch_bytes = 0
         self._in_flight = 0  # prefetches still reading
+        self._window_ends: dict[tuple[str, int], int] = {}  # per queue, where the last window read ended
         self._closed = False
 
     @property
@@ -944,7 +946,12 @@ class MessageFetcher:
                 return None
         if not bypass:
             self.cache.put(batch)
-            self._start_prefetch(flat_file, batch.end_offset, run_end, len(batch.data))
+            # Read ahead for a reader going through the queue (its first window, or one following the last),
+            # not for one jumping about, whose next window would be read for nothing.
+            key = (flat_file.topic, flat_file.queue_id)
+            if self._window_ends.get(key, offset) == offset:
+                self._start_prefetch(flat_file, batch.end_offset, run_end, len(batch.data))
+            self._window_ends[key] = batch.end_offset
         return batch
 
     async def _read_records(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:

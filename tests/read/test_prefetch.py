@@ -198,19 +198,26 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unhandled: list[dict[str, object]]
 ) -> None:
     with counting_reads(monkeypatch) as reads:
-        async with _store(tmp_path, reads, 400) as (store, _flat_file, _url):
+        async with _store(tmp_path, reads, 500) as (store, _flat_file, _url):
             await store.get_messages(TOPIC, 0, 0, 32)
             reads.gate = asyncio.Event()  # storage stops answering: the prefetch of [100, 200) hangs
             await asyncio.sleep(0.01)
             (stuck,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
             assert not stuck.done()
             reads.gate = None
-            # the reader jumps past it: the prefetch is cancelled, the new window read and the next one prefetched
+            # the reader jumps past it: the prefetch is cancelled and the window there read; a reader jumping
+            # about gets no prefetch, its next window would likely be read for nothing
+            reads.clear()
             jumped = await store.get_messages(TOPIC, 0, 250, 5)
-            reads.gate = asyncio.Event()  # and the prefetch of [350, 400) it started hangs too
             assert [m.queue_offset for m in jumped.messages] == list(range(250, 255))
             await asyncio.sleep(0.01)
-            assert stuck.cancelled()
+            assert stuck.cancelled() and store.fetcher.prefetching == 0
+            assert reads.count(FileType.COMMIT_LOG) == 1
+            # going on from that window is sequential again: the window after the next one is prefetched
+            assert await _consume(store, 255, 350) == list(range(255, 350))
+            assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 350, 2)).messages] == [350, 351]
+            reads.gate = asyncio.Event()  # the prefetch of [450, 500) hangs
+            await asyncio.sleep(0.01)
             (in_flight,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
             assert not in_flight.done()
         # leaving the store closed it: the prefetch was cancelled and waited for
