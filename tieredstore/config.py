@@ -50,6 +50,8 @@ class S3Settings(_Section):
     sse: Literal["AES256", "aws:kms"] | None = None
     sse_kms_key_id: str | None = None
     max_attempts: int = Field(default=5, ge=1, le=50)
+    # Connections one provider may hold open: cover the archiver's max_pending_commits plus concurrent readers.
+    max_pool_connections: int = Field(default=32, ge=1, le=1024)
 
 
 class HotSettings(_Section):
@@ -192,6 +194,7 @@ class TieredStoreConfig(BaseSettings):
             "sse": s3.sse,
             "sse_kms_key_id": s3.sse_kms_key_id,
             "max_attempts": s3.max_attempts,
+            "max_pool_connections": s3.max_pool_connections,
         }
         for name in ("access_key_id", "secret_access_key", "session_token"):
             secret: SecretStr | None = getattr(s3, name)

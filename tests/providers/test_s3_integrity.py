@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.faultproxy import NO_FAULTS, FaultProxy, FaultRates
 from tests.fixtures.s3 import S3Server
+from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, segment_key
 from tieredstore.providers.s3 import S3Options, S3Provider, verify_response_checksum
@@ -88,6 +89,13 @@ def test_pool_size_default_from_the_url_and_bad_values() -> None:
         S3Options(max_pool_connections=0)
     with pytest.raises(ConfigError, match="must be a number"):
         S3Options.from_query("max_pool_connections=many")
+
+
+def test_the_pool_size_comes_from_the_config_file_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TieredStoreConfig().s3_options()["max_pool_connections"] == 32
+    monkeypatch.setenv("TIEREDSTORE_S3__MAX_POOL_CONNECTIONS", "48")
+    options = TieredStoreConfig().s3_options()
+    assert S3Provider("s3://bucket", **options).client_config().max_pool_connections == 48
 
 
 @pytest.mark.parametrize("size", SIZES)

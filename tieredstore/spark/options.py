@@ -29,6 +29,7 @@ _S3_TEXT_OPTIONS = ("endpoint_url", "region", "addressing_style", "sse", "sse_km
 _S3_SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 _S3_NUMBER_OPTIONS: dict[str, type[int] | type[float]] = {
     "max_attempts": int,
+    "max_pool_connections": int,
     "connect_timeout": float,
     "read_timeout": float,
 }
