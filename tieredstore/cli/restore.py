@@ -78,6 +78,8 @@ from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
 
 MIB = 1 << 20
+# Large enough that a batch is one or two whole cold chunks: each object GET costs as much as megabytes.
+DEFAULT_BATCH_MESSAGES = 16384
 ExportFormat = Literal["jsonl", "raw"]
 # A cold consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
 _UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
@@ -95,7 +97,7 @@ class RestoreRequest:
     to_offset: int | None = None  # exclusive
     since: int | None = None  # epoch ms, inclusive
     until: int | None = None  # epoch ms, inclusive
-    batch_messages: int = 4096
+    batch_messages: int = DEFAULT_BATCH_MESSAGES
     batch_bytes: int = 16 * MIB
     parallel: int = 4  # queues restored at once
     read_ahead: int = 4  # batches read per queue ahead of the one being written
@@ -710,7 +712,9 @@ def restore(
         ExportFormat | None, typer.Option("--format", help="With --to-dir: jsonl (default) or raw records.")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be restored; write nothing.")] = False,
-    batch: Annotated[int, typer.Option(min=1, help="Messages per read from cold storage.")] = 4096,
+    batch: Annotated[
+        int, typer.Option(min=1, help="Messages per read from cold storage (at most 16 MiB of them).")
+    ] = DEFAULT_BATCH_MESSAGES,
     parallel: Annotated[int, typer.Option(min=1, help="Queues restored at once.")] = 4,
     in_flight_mib: Annotated[
         int, typer.Option(min=1, help="Cap on record MiB read from cold storage and not yet written.")
