@@ -248,9 +248,8 @@ def _restore_field(
 ) -> npt.NDArray[Any]:
     """The ``dtype`` value at each position (clipped into the buffer: callers mark records it runs past)."""
     index = positions[:, None] + np.arange(dtype.itemsize, dtype=np.int64)
-    np.clip(index, 0, max(0, len(flat) - 1), out=index)
-    gathered = flat[index] if len(flat) else np.zeros(index.shape, dtype=np.uint8)
-    return np.ascontiguousarray(gathered).view(dtype).reshape(len(positions))
+    gathered = flat.take(index, mode="clip") if len(flat) else np.zeros(index.shape, dtype=np.uint8)
+    return gathered.view(dtype).reshape(len(positions))
 
 
 def _release_pages(buffer: mmap.mmap, position: int, length: int) -> None:
