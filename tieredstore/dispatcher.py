@@ -193,6 +193,8 @@ class Dispatcher:
         self._releases: set[asyncio.Task[None]] = set()
         self._queues_with_rows: set[QueueKey] = set()
         self._topic_ids: dict[str, int] = {}
+        # Leases found lost since the last lease round, by it or by a commit the epoch fence refused.
+        self._leases_lost: set[QueueKey] = set()
 
     @classmethod
     def from_runtime(
@@ -761,13 +763,16 @@ class Dispatcher:
             state = self._queues.get(key)
             if state is not None:
                 self._lose_queue(state, LeaseLostError(f"the lease of {key[0]}/{key[1]} was taken over"), phase="renew")
-        if changes.acquired or changes.lost or changes.surplus:
+        # A commit the epoch fence refused drops its lease before the round can see it: count it here too.
+        lost = self._leases_lost | set(changes.lost)
+        self._leases_lost = set()
+        if changes.acquired or lost or changes.surplus:
             # Losing a lease (a takeover while this process was cut off or paused) is worth a warning.
-            (log.warning if changes.lost else log.info)(
+            (log.warning if lost else log.info)(
                 "leases changed",
                 owner=leases.owner,
                 acquired=len(changes.acquired),
-                lost=len(changes.lost),
+                lost=len(lost),
                 releasing=len(changes.surplus),
                 held=len(leases.held()),
                 fair_share=changes.fair_share,
@@ -811,6 +816,7 @@ class Dispatcher:
         key = (state.topic, state.queue_id)
         if isinstance(error, LeaseLostError) and self.leases is not None:
             self.leases.forget(key)
+            self._leases_lost.add(key)
         self._unload(state)
         self.stats.queues_lost += 1
         log.warning(
