@@ -73,6 +73,7 @@ from tieredstore.cli.read import QueueReader
 from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
@@ -81,8 +82,6 @@ MIB = 1 << 20
 # Large enough that a batch is one or two whole cold chunks: each object GET costs as much as megabytes.
 DEFAULT_BATCH_MESSAGES = 16384
 ExportFormat = Literal["jsonl", "raw"]
-# A cold consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
-_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 # Units read at once when a queue's next batch needs more (1.25 MiB of units).
 _UNITS_PER_READ = 65536
 
@@ -462,7 +461,7 @@ async def _read_units(flat_file: FlatMessageFile, offset: int, count: int) -> np
         )
     if not raw:
         raise NotFoundError(f"cold queue {name} has no unit at offset {offset}")
-    units = np.frombuffer(raw, dtype=_UNIT_DTYPE)
+    units = np.frombuffer(raw, dtype=UNIT_DTYPE)
     broken = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] < 0))
     if len(broken):
         index = int(broken[0])
@@ -592,7 +591,7 @@ async def _restore_queue(
     async def read_all() -> None:
         offset = outcome.resumed_at
         # Units are read many batches at a time (20 bytes each): one small read instead of one per batch.
-        units, units_at = np.empty(0, dtype=_UNIT_DTYPE), offset
+        units, units_at = np.empty(0, dtype=UNIT_DTYPE), offset
         while offset < end:
             if flat_file.next_archived_offset(offset) != offset:
                 # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).

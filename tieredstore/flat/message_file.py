@@ -35,6 +35,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError,
 from tieredstore.flat.append_file import Clock, wall_clock_ms
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile, HeldOffsets
+from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -91,10 +92,6 @@ _PHYSICAL_OFFSET = struct.Struct(">q")
 BatchRecord = tuple[bytes, int, int, int]
 Int64Array = npt.NDArray[np.int64]
 # A cold consume-queue unit (commit-log offset, size, tag hash) and the record header fields checked on append.
-_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
-_HEAD_DTYPE = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("skipped", "u1", (12,)), ("queue_offset", ">i8")])
-_HEAD_BYTES = np.arange(_HEAD_DTYPE.itemsize, dtype=np.int64)
-assert _UNIT_DTYPE.itemsize == UNIT_SIZE and _HEAD_DTYPE.itemsize == POS_QUEUE_OFFSET + 8
 
 
 class PackedRecords(Protocol):
@@ -398,7 +395,7 @@ class FlatMessageFile:
         # Rows at distinct record starts never overlap: each assignment writes one record's 8 bytes.
         fields[starts] = physical.astype(">i8").view(np.uint8).reshape(-1, 8)
         del fields  # the commit log takes the buffer over: no view of it may stay behind
-        units = np.empty(len(sizes), dtype=_UNIT_DTYPE)
+        units = np.empty(len(sizes), dtype=UNIT_DTYPE)
         units["commitlog_offset"] = physical
         units["size"] = sizes
         units["tag_hash"] = tags
@@ -412,13 +409,8 @@ class FlatMessageFile:
         not raises what ``_validate_record`` raises for it."""
         if int(sizes.sum()) != len(data):
             raise ValidationError(f"records of {int(sizes.sum())} bytes in total were given {len(data)} bytes")
-        flat = np.frombuffer(data, dtype=np.uint8)
-        if int(starts[-1]) + _HEAD_DTYPE.itemsize <= len(flat):
-            rows = sliding_window_view(flat, _HEAD_DTYPE.itemsize)[starts]
-        else:  # a last record shorter than a header: read what there is, refused below
-            rows = flat[np.clip(starts[:, None] + _HEAD_BYTES, 0, max(0, len(flat) - 1))]
-        heads = np.ascontiguousarray(rows).view(_HEAD_DTYPE).reshape(len(sizes))
-        del flat, rows
+        # A last record shorter than a head reads what there is: it is refused by its size below.
+        heads = gather(np.frombuffer(data, dtype=np.uint8), starts, RECORD_HEAD_DTYPE)
         magic = heads["magic"]
         bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
         bad |= heads["queue_offset"] != np.arange(first_offset, first_offset + len(sizes), dtype=np.int64)

@@ -24,9 +24,9 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.formats.arrays import UNIT_DTYPE, as_values, gather_rows, head_dtype_with_hosts
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -43,25 +43,9 @@ from tieredstore.formats.message import (
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-# A consume-queue unit as stored: commit-log offset, size, tag hash (big-endian).
-UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
-assert UNIT_DTYPE.itemsize == UNIT_SIZE
 # The fixed head of a record, through STORETIMESTAMP behind an IPv6 born host (76 bytes; every record is longer).
 HEAD_BYTES = POS_BORN_HOST + 20 + 8
-HEAD_DTYPE = np.dtype(
-    [
-        ("total_size", ">i4"),
-        ("magic", ">u4"),
-        ("body_crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("physical_offset", ">i8"),
-        ("sysflag", ">i4"),
-        ("born_timestamp", ">i8"),
-        ("hosts", "u1", (HEAD_BYTES - POS_BORN_HOST,)),
-    ]
-)
+HEAD_DTYPE = head_dtype_with_hosts(HEAD_BYTES - POS_BORN_HOST)
 assert HEAD_DTYPE.itemsize == HEAD_BYTES
 _TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
 
@@ -241,25 +225,6 @@ def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64A
         raise NotFoundError("a commit-log file was just deleted by retention") from exc
 
 
-def _gather(flat: np.ndarray, positions: Int64Array, width: int) -> np.ndarray:
-    """(n, width) bytes of ``flat`` from each position, clipped into range (callers mask what runs past)."""
-    if len(flat) >= width and (not len(positions) or (positions.min() >= 0 and positions.max() + width <= len(flat))):
-        # Rows of a sliding-window view: numpy copies width bytes per row, no index matrix is built.
-        rows: np.ndarray = sliding_window_view(flat, width)[positions]
-        return rows
-    index = positions[:, None] + np.arange(width, dtype=np.int64)
-    if not len(flat):
-        return np.zeros(index.shape, dtype=np.uint8)
-    np.clip(index, 0, len(flat) - 1, out=index)
-    gathered: np.ndarray = flat[index]
-    return gathered
-
-
-def _as(matrix: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
-    """Rows of bytes read as one big-endian value (or record) each."""
-    return np.ascontiguousarray(matrix).view(dtype).reshape(len(matrix))
-
-
 def build(topic: str, queue_id: int, first_offset: int, units: np.ndarray, data: bytearray) -> HotBatch:
     """A HotBatch of ``units`` whose records are ``data``; headers and store timestamps gathered at once.
 
@@ -269,11 +234,11 @@ def build(topic: str, queue_id: int, first_offset: int, units: np.ndarray, data:
     starts = np.zeros(len(units), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     flat = np.frombuffer(data, dtype=np.uint8)
-    heads = _as(_gather(flat, starts, HEAD_BYTES), HEAD_DTYPE)
+    heads = as_values(gather_rows(flat, starts, HEAD_BYTES), HEAD_DTYPE)
     hosts = heads["hosts"]
     v6 = (heads["sysflag"] & SYSFLAG_BORNHOST_V6) != 0
-    ipv4_stamp = _as(hosts[:, 8:16], ">i8")
-    ipv6_stamp = _as(hosts[:, 20:28], ">i8")
+    ipv4_stamp = as_values(hosts[:, 8:16], ">i8")
+    ipv6_stamp = as_values(hosts[:, 20:28], ">i8")
     store_timestamps = np.where(v6, ipv6_stamp, ipv4_stamp).astype(np.int64)
     return HotBatch(topic, queue_id, first_offset, data, units.copy(), starts, heads, store_timestamps)
 
@@ -333,20 +298,20 @@ class Layout:
         stored = np.where((sysflag & SYSFLAG_STOREHOST_V6) != 0, 20, 8)
         body_length_at = POS_BORN_HOST + born + 8 + stored + 12
         sound = (sizes >= MIN_RECORD_SIZE) & (body_length_at + 4 <= sizes)
-        body_length = _as(_gather(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
+        body_length = as_values(gather_rows(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
         body_at = body_length_at + 4
         sound &= (body_length >= 0) & (body_at + body_length <= sizes)
         topic_length_at = body_at + body_length
         topic_field = np.where(v2, 2, 1)
         sound &= topic_length_at + topic_field <= sizes
-        length_bytes = _gather(flat, starts + topic_length_at, 2)
+        length_bytes = gather_rows(flat, starts + topic_length_at, 2)
         topic_length = np.where(
-            v2, _as(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
+            v2, as_values(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
         )
         topic_at = topic_length_at + topic_field
         sound &= (topic_length >= 0) & (topic_at + topic_length + 2 <= sizes)
         properties_at = topic_at + topic_length + 2
-        properties_length = _as(_gather(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
+        properties_length = as_values(gather_rows(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
         sound &= (properties_length >= 0) & (properties_at + properties_length == sizes)
         return cls(body_at, body_length, topic_at, topic_length, properties_at, properties_length, sound)
 
@@ -374,7 +339,7 @@ def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
     bad |= ~layout.sound | (layout.topic_length != len(topic_raw))
     flat = np.frombuffer(batch.data, dtype=np.uint8)
     if topic_raw:
-        topics = _gather(flat, batch.starts + layout.topic_at, len(topic_raw))
+        topics = gather_rows(flat, batch.starts + layout.topic_at, len(topic_raw))
         bad |= (topics != np.frombuffer(topic_raw, dtype=np.uint8)).any(axis=1)
     last_byte = flat[np.clip(batch.starts + sizes - 1, 0, len(flat) - 1)]
     bad |= (layout.properties_length > 0) & (last_byte != 0x02)

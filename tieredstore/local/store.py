@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, overload
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,7 @@ from tieredstore.errors import (
     StoreFullError,
     ValidationError,
 )
+from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, gather
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -218,38 +219,8 @@ class _RestoredResults(Sequence[PutResult]):
         return (self[i] for i in range(len(self)))
 
 
-# The head of a record with IPv4 hosts (the writer's layout), through BODYLEN: read for a whole batch at once.
-_RESTORE_HEAD = np.dtype(
-    [
-        ("total", ">i4"),
-        ("magic", ">u4"),
-        ("crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("physical_offset", ">i8"),
-        ("sysflag", ">i4"),
-        ("born_timestamp", ">i8"),
-        ("born_host", "V8"),
-        ("store_timestamp", ">i8"),
-        ("store_host", "V8"),
-        ("reconsume_times", ">i4"),
-        ("prepared_offset", ">i8"),
-        ("body_len", ">i4"),
-    ]
-)
-assert _RESTORE_HEAD.itemsize == POS_BORN_HOST + 8 + 8 + 8 + 4 + 8 + 4
 _TAGS_NAME = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
 _MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
-
-
-def _restore_field(
-    flat: npt.NDArray[np.uint8], positions: npt.NDArray[np.int64], dtype: np.dtype[Any]
-) -> npt.NDArray[Any]:
-    """The ``dtype`` value at each position (clipped into the buffer: callers mark records it runs past)."""
-    index = positions[:, None] + np.arange(dtype.itemsize, dtype=np.int64)
-    gathered = flat.take(index, mode="clip") if len(flat) else np.zeros(index.shape, dtype=np.uint8)
-    return gathered.view(dtype).reshape(len(positions))
 
 
 def _release_pages(buffer: mmap.mmap, position: int, length: int) -> None:
@@ -898,16 +869,18 @@ class LocalMessageStore:
         starts = np.zeros(count, dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         flat = np.frombuffer(data, dtype=np.uint8)
-        heads = _restore_field(flat, starts, _RESTORE_HEAD)
+        heads = gather(flat, starts, IPV4_RECORD_HEAD_DTYPE)
         magic = heads["magic"]
         v2 = magic == MAGIC_V2
-        suspect = (sizes < _RESTORE_HEAD.itemsize) | (heads["total"] != sizes) | ((magic != MAGIC_V1) & ~v2)
+        suspect = (
+            (sizes < IPV4_RECORD_HEAD_DTYPE.itemsize) | (heads["total_size"] != sizes) | ((magic != MAGIC_V1) & ~v2)
+        )
         # The short way takes IPv4 hosts only (the writer's own layout): BODYLEN at a fixed position.
         suspect |= (heads["sysflag"] & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) != 0
         suspect |= heads["queue_id"] != queue_id
         body_len = heads["body_len"].astype(np.int64)
         suspect |= (body_len < 0) | (body_len > self.config.max_message_size)
-        topic_len_at = _RESTORE_HEAD.itemsize + body_len
+        topic_len_at = IPV4_RECORD_HEAD_DTYPE.itemsize + body_len
         topic_at = topic_len_at + np.where(v2, 2, 1)
         tail_at = topic_at + len(topic_raw)
         suspect |= tail_at + 2 > sizes
@@ -915,23 +888,23 @@ class LocalMessageStore:
         sound = ~suspect
         topic_len = np.where(
             v2,
-            _restore_field(flat, np.where(sound, starts + topic_len_at, 0), np.dtype(">i2")).astype(np.int64),
-            _restore_field(flat, np.where(sound, starts + topic_len_at, 0), np.dtype("i1")).astype(np.int64),
+            gather(flat, np.where(sound, starts + topic_len_at, 0), np.dtype(">i2")).astype(np.int64),
+            gather(flat, np.where(sound, starts + topic_len_at, 0), np.dtype("i1")).astype(np.int64),
         )
         suspect |= topic_len != len(topic_raw)
         if topic_raw:
-            topics = _restore_field(flat, np.where(sound, starts + topic_at, 0), np.dtype(f"V{len(topic_raw)}"))
+            topics = gather(flat, np.where(sound, starts + topic_at, 0), np.dtype(f"V{len(topic_raw)}"))
             suspect |= topics != np.void(topic_raw)
-        props_len = _restore_field(flat, np.where(sound, starts + tail_at, 0), np.dtype(">i2")).astype(np.int64)
+        props_len = gather(flat, np.where(sound, starts + tail_at, 0), np.dtype(">i2")).astype(np.int64)
         suspect |= (props_len < 0) | (tail_at + 2 + props_len != sizes)
         del flat
-        body_ats = (starts + _RESTORE_HEAD.itemsize).tolist()
+        body_ats = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize).tolist()
         # A suspect's body may run anywhere: its CRC is taken by the per-record check.
-        body_ends = (starts + _RESTORE_HEAD.itemsize + np.where(suspect, 0, body_len)).tolist()
+        body_ends = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize + np.where(suspect, 0, body_len)).tolist()
         crc32 = zlib.crc32
         with memoryview(data) as view:
             computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
-        suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["crc"]
+        suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["body_crc"]
         queue_offsets = heads["queue_offset"].tolist()
         stamps = heads["store_timestamp"].tolist()
         tag_hashes = [0] * count
