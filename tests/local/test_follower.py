@@ -214,6 +214,28 @@ def test_a_record_not_fully_written_ends_the_queue_for_now(
             follower.cq_unit("t", 0, victim)
 
 
+def test_a_queue_whose_first_file_holds_no_unit_yet_is_empty_until_its_first_unit_lands(tmp_path: Path) -> None:
+    """The writer sizes a consume-queue file before it writes a unit into it (and its recovery zeroes the
+    units it rebuilds): a first file of zeros is an empty queue at the file's first slot, never a queue
+    whose messages below the file's end are gone (which would make an archiver record them as lost)."""
+    config = small_config()
+    with LocalMessageStore(tmp_path, config=config) as writer:
+        writer.put_message("a", 0, b"first", tags="x")
+        # Queue b/0's first file as the writer creates it: sized, every slot still zero.
+        sized = tmp_path / "consumequeue" / "b" / "0" / f"{0:020d}"
+        sized.parent.mkdir(parents=True)
+        sized.write_bytes(bytes(config.consume_queue_file_size))
+        with HotStoreFollower(tmp_path, config=config, refresh_interval=0) as follower:
+            assert follower.queues() == [("a", 0)]
+            assert (follower.min_offset("b", 0), follower.max_offset("b", 0)) == (0, 0)
+            assert follower.read_messages("b", 0, 0) == []
+            # The writer maps that file and writes the queue's first unit into it.
+            assert writer.put_message("b", 0, b"late but whole", tags="y").queue_offset == 0
+            assert follower.queues() == [("a", 0), ("b", 0)]
+            assert (follower.min_offset("b", 0), follower.max_offset("b", 0)) == (0, 1)
+            assert [decode(m.raw).body for m in follower.read_messages("b", 0, 0)] == [b"late but whole"]
+
+
 def test_follower_follows_retention_and_never_crashes_on_a_vanished_file(tmp_path: Path) -> None:
     config = small_config(hot_retention_hours=1)
     with LocalMessageStore(tmp_path, config=config) as writer:

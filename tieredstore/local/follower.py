@@ -252,8 +252,12 @@ class _FollowedQueue:
         if self.max_offset <= self.min_offset:
             # Nothing checked yet: the first unit may be anywhere in the first file (a rebased queue),
             # and the units before the commit log's first file point at data retention deleted.
+            # A first file of zeros holds no unit yet (the writer sizes a file before writing into it,
+            # and its recovery zeroes units it rebuilds): the queue starts at the file's first slot,
+            # empty, and a later look finds where its first unit really lands.
             data = first.buffer[: first.size - first.size % UNIT_SIZE]
-            leading_zeros = len(data) - len(data.lstrip(b"\x00"))
+            written = data.lstrip(b"\x00")
+            leading_zeros = len(data) - len(written) if written else 0
             self.min_offset = (first.start_offset + leading_zeros) // UNIT_SIZE
             self.min_offset = self.max_offset = self._first_written_at_or_after(log_min_offset)
             return
