@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Engine, delete, func, inspect, or_, select, update
+from sqlalchemy import Engine, delete, event, func, inspect, or_, select, update
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from tieredstore.errors import (
     ConcurrentUpdateError,
@@ -65,6 +66,8 @@ SegmentKey = tuple[str, str, int]
 QueueKey = tuple[str, int]
 # The epoch an archiver holds for a queue; raises LeaseLostError when it holds none.
 EpochFence = Callable[[str, int], int]
+# Where a pooled PostgreSQL connection notes the idle-transaction limit it has been given.
+_IDLE_LIMIT_KEY = "tieredstore_idle_transaction_ms"
 
 
 def now_ms() -> int:
@@ -240,6 +243,10 @@ class MetadataStore:
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(self._engine.execution_options(**{IMMEDIATE_OPTION: True}), expire_on_commit=False)
         self._epoch_fence: EpochFence | None = None
+        # PostgreSQL only: ms a transaction may wait on this process (None: the server's setting).
+        self._idle_transaction_ms: int | None = None
+        if self.dialect == "postgresql":
+            event.listen(self._engine, "checkout", self._apply_idle_transaction_limit)
 
     @classmethod
     def open(cls, url: str | URL, *, create: bool = True) -> MetadataStore:
@@ -285,6 +292,8 @@ class MetadataStore:
         return self._engine.dialect.name
 
     def close(self) -> None:
+        if event.contains(self._engine, "checkout", self._apply_idle_transaction_limit):
+            event.remove(self._engine, "checkout", self._apply_idle_transaction_limit)
         self._engine.dispose()
 
     def set_epoch_fence(self, fence: EpochFence | None) -> None:
@@ -294,6 +303,45 @@ class MetadataStore:
         of leases (the flat files record their own positions) are fenced all the same.
         """
         self._epoch_fence = fence
+
+    def limit_idle_transactions(self, seconds: float | None) -> None:
+        """Have PostgreSQL end any transaction of this store that waits on this process for ``seconds``.
+
+        Every method here is one short transaction that waits on nothing but the database between its
+        statements, so a transaction idle that long means the process is stalled (SIGSTOP, a long GC, a
+        frozen VM) in the middle of it, holding row locks. Peers taking expired leases over skip locked
+        rows (``acquire_leases``), so without a limit a stalled archiver would keep the queues its open
+        transactions touched until it resumes, however long that is. With it the server ends the
+        session (``idle_in_transaction_session_timeout``): the transaction rolls back as if the process
+        had crashed there, the locks go, and the process's next use of that connection fails with
+        MetadataError (the pool then replaces it). ``None`` restores the server's setting. Applied to
+        each pooled connection at its next checkout; nothing to do on SQLite (one process).
+        """
+        if seconds is not None and seconds <= 0:
+            raise ValidationError(f"idle transaction limit {seconds:g}s must be positive")
+        self._idle_transaction_ms = None if seconds is None else max(1, round(seconds * 1000))
+
+    def _apply_idle_transaction_limit(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        wanted = self._idle_transaction_ms
+        if record.info.get(_IDLE_LIMIT_KEY) == wanted:
+            return
+        statement = (
+            "RESET idle_in_transaction_session_timeout"
+            if wanted is None
+            else f"SET idle_in_transaction_session_timeout = {int(wanted)}"
+        )
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(statement)
+            finally:
+                cursor.close()
+            # Checked-out connections are outside any transaction: commit so that a later rollback keeps it.
+            dbapi_connection.commit()
+        except self._engine.dialect.loaded_dbapi.Error as exc:
+            # The pool drops this connection and checks out another.
+            raise DisconnectionError(f"could not limit idle transactions: {exc}") from exc
+        record.info[_IDLE_LIMIT_KEY] = wanted
 
     def __enter__(self) -> MetadataStore:
         return self
@@ -538,7 +586,17 @@ class MetadataStore:
             raise ValidationError(f"heartbeat ttl {ttl_ms} ms must be positive")
         with self._writing("renew an archiver heartbeat") as session:
             now = self._database_now_ms(session)
-            session.execute(delete(Archiver).where(Archiver.heartbeat_expiry < now, Archiver.owner != owner))
+            # Rows another transaction holds (a paused peer's heartbeat) are left for a later round, never waited on.
+            expired = aliased(Archiver)
+            session.execute(
+                delete(Archiver).where(
+                    Archiver.owner.in_(
+                        select(expired.owner)
+                        .where(expired.heartbeat_expiry < now, expired.owner != owner)
+                        .with_for_update(skip_locked=True)
+                    )
+                )
+            )
             row = session.get(Archiver, owner)
             if row is None:
                 session.add(

@@ -20,6 +20,12 @@ position update names the epoch held (``MetadataStore.set_epoch_fence``) and fai
 LeaseLostError after a takeover, and cold storage refuses to overwrite committed bytes
 (CommitConflictError). Both mean "this queue is lost", never "retry".
 
+A process paused in the middle of a metadata transaction holds row locks, and takeovers skip locked
+rows (they never wait on a peer). So the manager has PostgreSQL end any transaction of its store that
+waits on the process longer than ``lease_duration - margin`` (``MetadataStore.limit_idle_transactions``):
+the paused transaction rolls back like a crash, before the lease it relied on has expired, and its
+queues are taken over on time.
+
 SQLite is single-process: ``SingleArchiverLock`` holds an exclusive lock on a file next to the
 database, and a second archiver refuses to start with a one-line ConfigError.
 """
@@ -95,6 +101,9 @@ class LeaseManager:
         self._valid_until = 0.0
         self._lock = threading.Lock()
         self._started = False
+        # A transaction of this process stalled longer than it may use a lease after renewing it is
+        # ended by the server, so its row locks cannot keep the queues from peers once the lease is over.
+        metadata.limit_idle_transactions(lease_duration - self.margin)
 
     @property
     def ttl_ms(self) -> int:

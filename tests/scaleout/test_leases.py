@@ -118,6 +118,17 @@ def test_an_archiver_that_cannot_renew_stops_writing_before_its_lease_can_be_tak
     assert archiver.holds((TOPIC, 0)) and archiver.epoch_of(TOPIC, 0) == 1
 
 
+@pytest.mark.postgres
+def test_a_transaction_stalled_past_the_usable_lease_is_ended_by_postgresql(postgres_url: str) -> None:
+    """A paused archiver's open transaction must not outlive the window in which it may use a lease."""
+    upgrade(postgres_url)
+    with MetadataStore(postgres_url) as store:
+        LeaseManager(store, owner="a", lease_duration=3.0, renew_interval=1.0)
+        with store.engine.connect() as connection:
+            # lease_duration minus the safety margin: it has stopped writing by then anyway.
+            assert connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "2s"
+
+
 def test_fair_shares_rebalance_when_archivers_join_and_leave(stores: list[MetadataStore]) -> None:
     a, b, c = (
         LeaseManager(s, owner=n, lease_duration=1.5, renew_interval=0.5) for s, n in zip(stores, "abc", strict=True)
