@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Engine, delete, event, func, inspect, or_, select, update
-from sqlalchemy.engine import URL
+from sqlalchemy import BindParameter, Engine, Update, bindparam, delete, event, func, inspect, or_, select, update
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -37,6 +38,7 @@ from tieredstore.errors import (
     LeaseLostError,
     MetadataError,
     NotFoundError,
+    TieredStoreError,
     ValidationError,
 )
 from tieredstore.metadata import migrate
@@ -66,6 +68,8 @@ SegmentKey = tuple[str, str, int]
 QueueKey = tuple[str, int]
 # The epoch an archiver holds for a queue; raises LeaseLostError when it holds none.
 EpochFence = Callable[[str, int], int]
+# The segment columns a SegmentUpdate may set.
+SEGMENT_UPDATE_COLUMNS = ("size", "status", "begin_timestamp", "end_timestamp", "sealed_timestamp")
 # Where a pooled PostgreSQL connection notes the idle-transaction limit it has been given.
 _IDLE_LIMIT_KEY = "tieredstore_idle_transaction_ms"
 
@@ -223,6 +227,57 @@ def _check_offset(name: str, value: int | None) -> None:
         raise ValidationError(f"{name} {value} must not be negative")
 
 
+@cache
+def _queue_commit_statement(sets_min: bool, sets_max: bool, fenced: bool) -> Update:
+    """``record_commit``'s queue update, built once per shape: topic by name, version (and epoch) checked.
+
+    The topic id is a scalar subquery rather than a cached id, so a topic deleted and created again
+    under the same name is never confused with the old one.
+    """
+    topic_id = select(Topic.id).where(Topic.name == bindparam("b_topic")).scalar_subquery()
+    conditions = [
+        Queue.topic_id == topic_id,
+        Queue.queue_id == bindparam("b_queue_id"),
+        Queue.version == bindparam("b_expected_version"),
+    ]
+    if fenced:
+        conditions.append(Queue.epoch == bindparam("b_expected_epoch"))
+    values: dict[str, BindParameter[object]] = {"version": bindparam("b_version"), "updated": bindparam("b_updated")}
+    if sets_min:
+        values["min_offset"] = bindparam("b_min_offset")
+    if sets_max:
+        values["max_offset"] = bindparam("b_max_offset")
+    return (
+        update(Queue)
+        .where(*conditions)
+        .values(values)
+        .returning(
+            Queue.min_offset,
+            Queue.max_offset,
+            Queue.version,
+            Queue.updated,
+            Queue.owner,
+            Queue.epoch,
+            Queue.lease_expiry,
+        )
+    )
+
+
+@cache
+def _segment_change_statement(columns: tuple[str, ...]) -> Update:
+    """An update of one segment row by key, setting ``columns`` (bound as ``b_<column>``); built once per shape."""
+    values: dict[str, BindParameter[object]] = {column: bindparam(f"b_{column}") for column in columns}
+    return (
+        update(Segment)
+        .where(
+            Segment.path == bindparam("b_path"),
+            Segment.file_type == bindparam("b_file_type"),
+            Segment.base_offset == bindparam("b_base_offset"),
+        )
+        .values(values)
+    )
+
+
 class MetadataStore:
     """The metadata database behind one tieredstore; thread-safe, every method one transaction."""
 
@@ -241,7 +296,8 @@ class MetadataStore:
             threading.RLock() if is_sqlite_memory(self._engine.url) else nullcontext()
         )
         self._read = sessionmaker(self._engine, expire_on_commit=False)
-        self._write = sessionmaker(self._engine.execution_options(**{IMMEDIATE_OPTION: True}), expire_on_commit=False)
+        self._write_engine = self._engine.execution_options(**{IMMEDIATE_OPTION: True})
+        self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self._epoch_fence: EpochFence | None = None
         # PostgreSQL only: ms a transaction may wait on this process (None: the server's setting).
         self._idle_transaction_ms: int | None = None
@@ -533,43 +589,67 @@ class MetadataStore:
         _check_offset("max offset", max_offset)
         if min_offset is not None and max_offset is not None and min_offset > max_offset:
             raise ValidationError(f"min offset {min_offset} is above max offset {max_offset}")
-        with self._writing("update a queue") as session:
-            topic_id = session.scalar(select(Topic.id).where(Topic.name == topic))
-            if topic_id is None:
-                raise NotFoundError(f"topic {topic!r} is not in the metadata store")
-            values: dict[str, int] = {"version": expected_version + 1, "updated": now_ms()}
-            if min_offset is not None:
-                values["min_offset"] = min_offset
-            if max_offset is not None:
-                values["max_offset"] = max_offset
-            conditions = [Queue.topic_id == topic_id, Queue.queue_id == queue_id, Queue.version == expected_version]
-            if expected_epoch is not None:
-                conditions.append(Queue.epoch == expected_epoch)
-            row = session.execute(
-                update(Queue).where(*conditions).values(**values).returning(Queue)
-            ).scalar_one_or_none()
+        values: dict[str, int] = {"b_version": expected_version + 1, "b_updated": now_ms()}
+        if min_offset is not None:
+            values["b_min_offset"] = min_offset
+        if max_offset is not None:
+            values["b_max_offset"] = max_offset
+        keys = {"b_topic": topic, "b_queue_id": queue_id, "b_expected_version": expected_version}
+        if expected_epoch is not None:
+            keys["b_expected_epoch"] = expected_epoch
+        segment_changes = [self._segment_change(segment) for segment in segments]
+        statement = _queue_commit_statement(min_offset is not None, max_offset is not None, expected_epoch is not None)
+        with self._serial, self._translate("update a queue"), self._write_engine.begin() as connection:
+            row = connection.execute(statement, {**keys, **values}).one_or_none()
             if row is None:
-                found = session.execute(
-                    select(Queue.version, Queue.epoch, Queue.owner).where(
-                        Queue.topic_id == topic_id, Queue.queue_id == queue_id
+                raise self._missed_commit_error(connection, topic, queue_id, expected_version, expected_epoch)
+            for segment, change in zip(segments, segment_changes, strict=True):
+                columns, parameters = change
+                result = connection.execute(_segment_change_statement(columns), parameters)
+                if result.rowcount != 1:
+                    raise NotFoundError(
+                        f"segment {segment.path}/{segment.file_type}@{segment.base_offset} is not in the metadata store"
                     )
-                ).one_or_none()
-                if found is None:
-                    raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
-                current, epoch, owner = found
-                if expected_epoch is not None and epoch != expected_epoch:
-                    raise LeaseLostError(
-                        f"queue {topic}/{queue_id} is at lease epoch {epoch} (owner {owner}), not {expected_epoch}: "
-                        "another archiver took it over; nothing was recorded"
-                    )
-                raise ConcurrentUpdateError(
-                    f"queue {topic}/{queue_id} is at version {current}, not {expected_version}: "
-                    "another writer updated it first"
-                )
-            position = _queue_position(topic, row)
-            for segment in segments:
-                self._apply_segment_update(session, segment)
-            return position
+            return QueuePosition(topic, queue_id, *row)
+
+    @staticmethod
+    def _segment_change(segment: SegmentUpdate) -> tuple[tuple[str, ...], dict[str, object]]:
+        """The columns one segment update sets and its statement's parameters, checked before any write."""
+        _check_offset("segment size", segment.size)
+        parameters: dict[str, object] = {
+            "b_path": segment.path,
+            "b_file_type": _file_type(segment.file_type),
+            "b_base_offset": segment.base_offset,
+        }
+        columns = tuple(column for column in SEGMENT_UPDATE_COLUMNS if getattr(segment, column) is not None)
+        for column in columns:
+            parameters[f"b_{column}"] = getattr(segment, column)
+        return columns, parameters
+
+    @staticmethod
+    def _missed_commit_error(
+        connection: Connection, topic: str, queue_id: int, expected_version: int, expected_epoch: int | None
+    ) -> TieredStoreError:
+        """Why a queue update matched no row: no topic or queue, a lost lease, or another writer first."""
+        topic_id = connection.scalar(select(Topic.id).where(Topic.name == topic))
+        if topic_id is None:
+            return NotFoundError(f"topic {topic!r} is not in the metadata store")
+        found = connection.execute(
+            select(Queue.version, Queue.epoch, Queue.owner).where(
+                Queue.topic_id == topic_id, Queue.queue_id == queue_id
+            )
+        ).one_or_none()
+        if found is None:
+            return NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+        current, epoch, owner = found
+        if expected_epoch is not None and epoch != expected_epoch:
+            return LeaseLostError(
+                f"queue {topic}/{queue_id} is at lease epoch {epoch} (owner {owner}), not {expected_epoch}: "
+                "another archiver took it over; nothing was recorded"
+            )
+        return ConcurrentUpdateError(
+            f"queue {topic}/{queue_id} is at version {current}, not {expected_version}: another writer updated it first"
+        )
 
     # ---- archivers and leases ----------------------------------------------------------------------
 
@@ -756,7 +836,7 @@ class MetadataStore:
         row = session.scalar(self._segment_query(change.path, kind, change.base_offset))
         if row is None:
             raise NotFoundError(f"segment {change.path}/{kind.value}@{change.base_offset} is not in the metadata store")
-        for column in ("size", "status", "begin_timestamp", "end_timestamp", "sealed_timestamp"):
+        for column in SEGMENT_UPDATE_COLUMNS:
             value = getattr(change, column)
             if value is not None:
                 setattr(row, column, value)
