@@ -3,7 +3,9 @@
 A producer in the test process owns the hot store and puts for the whole run; the archivers follow it
 (``--hot-mode follower``) and split the queues by lease (3 s leases, renewed every second). Archiver A
 is SIGSTOPped for longer than a lease, so B and C take its queues over (bumping their epochs), then
-SIGCONTed: it must find every lease it had lost and write none of those queues again. Archiver B is
+SIGCONTed: it must find every lease it had lost and write none of those queues again (the pause often
+lands inside one of A's metadata transactions: PostgreSQL must end it, or the queue rows it locked stay
+A's until it resumes, see ``MetadataStore.limit_idle_transactions``). Archiver B is
 then SIGKILLed; its leases expire and A and C share its queues. Once the producer stops and the
 survivors catch up, the checker must hold for all 64 queues against the hot copy: every message
 exactly once, byte-identical but for PHYSICALOFFSET, at contiguous offsets.
@@ -113,14 +115,29 @@ def _owners(store: MetadataStore) -> dict[tuple[str, int], tuple[str | None, int
     return {(q.topic, q.queue_id): (q.owner, q.epoch) for q in store.list_queues()}
 
 
+def _open_transactions(store: MetadataStore) -> list[tuple[str, float, str]]:
+    """Transactions on the test database open for over a second (state, age, last statement): who holds locks."""
+    with store.engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            "SELECT state, extract(epoch FROM now() - xact_start)::float, left(query, 120) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND xact_start < now() - interval '1 second'"
+        ).all()
+    return [(state, round(age, 1), query) for state, age, query in rows]
+
+
 def _wait_until(condition: Any, timeout: float, what: str, metadata: MetadataStore | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.2)
-    owners = Counter(owner for owner, _epoch in _owners(metadata).values()) if metadata is not None else None
-    raise AssertionError(f"not within {timeout}s: {what} (queues per owner: {owners})")
+    if metadata is None:
+        raise AssertionError(f"not within {timeout}s: {what}")
+    owners = Counter(owner for owner, _epoch in _owners(metadata).values())
+    raise AssertionError(
+        f"not within {timeout}s: {what} (queues per owner: {owners}; open transactions: {_open_transactions(metadata)})"
+    )
 
 
 def test_three_archivers_pause_and_kill_every_message_archived_exactly_once(tmp_path: Path, postgres_url: str) -> None:
