@@ -16,6 +16,7 @@ from pathlib import Path
 from tieredstore.errors import StoreFullError
 
 ALLOCATION_CHUNK = 4 << 20
+_MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
 _ZERO_CHUNK = bytes(1 << 20)
 
 
@@ -87,6 +88,17 @@ class MappedFile:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
         self._allocated_upto = end
+
+    def release_pages(self, position: int, length: int) -> None:
+        """Unmap the pages of ``[position, position + length)`` from this process after writing them.
+
+        They stay in the page cache (dirty ones are written back as usual) and a read maps them
+        again, but a bulk writer (a restore of gigabytes) does not keep them in its own RSS.
+        """
+        if _MADV_DONTNEED is None or length <= 0:
+            return
+        begin = position - position % mmap.PAGESIZE
+        self._map.madvise(_MADV_DONTNEED, begin, min(self.size, position + length) - begin)
 
     def grow(self, size: int) -> None:
         """Extend the file to ``size`` bytes (zeros) and map it again."""

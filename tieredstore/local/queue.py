@@ -248,6 +248,17 @@ class ConsumeQueue:
         for commitlog_offset, size, tag_hash in units:
             self.append(ConsumeQueueUnit(commitlog_offset, size, tag_hash), self.max_offset)
 
+    def release_pages(self, first: int, end: int) -> None:
+        """Unmap the pages of the units of queue offsets ``[first, end)`` from this process (see
+        ``MappedFile.release_pages``): a restore writes millions of units and reads none of them."""
+        if not self.writable:
+            return
+        start_byte, end_byte = first * UNIT_SIZE, end * UNIT_SIZE
+        for file in self._files:
+            if file.end_offset > start_byte and file.start_offset < end_byte:
+                begin = max(0, start_byte - file.start_offset)
+                file.release_pages(begin, min(file.size, end_byte - file.start_offset) - begin)
+
     def prepare(self, count: int) -> None:
         """Create and reserve disk for the next ``count`` units, so appending them cannot fail half-way."""
         if self.room_for(count):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import itertools
-import mmap
 import os
 import shutil
 import struct
@@ -146,7 +145,7 @@ class PutResult(NamedTuple):
 class _Restorable(NamedTuple):
     """A checked batch for a restore: the records joined, and what their units and results need."""
 
-    data: bytearray
+    data: bytes
     sizes: list[int]
     starts: npt.NDArray[np.int64]
     first_offset: int
@@ -220,16 +219,6 @@ class _RestoredResults(Sequence[PutResult]):
 
 
 _TAGS_NAME = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
-_MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
-
-
-def _release_pages(buffer: mmap.mmap, position: int, length: int) -> None:
-    """Unmap the pages a restore just wrote: they stay in the page cache (dirty ones are written back as
-    usual) and a read maps them again, but a restore of gigabytes does not keep them in its own RSS."""
-    if _MADV_DONTNEED is None:
-        return
-    begin = position - position % mmap.PAGESIZE
-    buffer.madvise(_MADV_DONTNEED, begin, position + length - begin)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -832,10 +821,13 @@ class LocalMessageStore:
             raise ValidationError("the hot store is closed")
         if not records:
             return []
+        data: bytes
         if isinstance(records, JoinedRecords):
-            data, sizes = bytearray(records.data), records.sizes
+            # Immutable bytes are checked and copied as they are: no second copy of a 16 MiB batch.
+            data = records.data if type(records.data) is bytes else bytes(records.data)
+            sizes = records.sizes
         else:
-            data, sizes = bytearray().join(records), [len(raw) for raw in records]
+            data, sizes = b"".join(records), [len(raw) for raw in records]
         checked = self._restorable(topic, queue_id, data, sizes)
         first = checked.first_offset
         with self._put_lock:
@@ -855,7 +847,7 @@ class LocalMessageStore:
                 positions = self._restore_locked(queue, checked, 0, len(checked.sizes), reserve_units=True)
         return _RestoredResults(topic, queue_id, first, positions, checked.sizes, checked.store_timestamps)
 
-    def _restorable(self, topic: str, queue_id: int, data: bytearray, record_sizes: Sequence[int]) -> _Restorable:
+    def _restorable(self, topic: str, queue_id: int, data: bytes, record_sizes: Sequence[int]) -> _Restorable:
         """The records of ``data`` (back to back, ``record_sizes`` bytes each) checked at once; the first bad raises.
 
         The fixed-position fields of all records are gathered and compared together; only the body
@@ -970,13 +962,9 @@ class LocalMessageStore:
         for blank_offset, blank_size in plan.blanks:
             log_.write_blank(blank_offset, blank_size)
         positions = np.array(plan.positions, dtype=np.int64)
-        # PHYSICALOFFSET becomes where each record lands here, in the joined buffer, before it is copied.
-        flat = np.frombuffer(batch.data, dtype=np.uint8)
-        flat[(starts + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = (
-            positions.astype(">i8").view(np.uint8).reshape(len(sizes), 8)
-        )
-        del flat
-        # Records are laid back to back except where a blank ends a file: one copy per run.
+        physical = positions.astype(">i8").view(np.uint8).reshape(len(sizes), 8)
+        # Records are laid back to back except where a blank ends a file: one copy per run. PHYSICALOFFSET
+        # becomes where each record lands here, patched in the mapped file after the copy.
         breaks = np.flatnonzero(np.diff(positions) != np.diff(starts)) + 1
         bounds = [0, *breaks.tolist(), len(sizes)]
         with memoryview(batch.data) as view:
@@ -988,7 +976,10 @@ class LocalMessageStore:
                 assert file is not None and offset + length <= file.end_offset
                 local = offset - file.start_offset
                 file.buffer[local : local + length] = view[source : source + length]
-                _release_pages(file.buffer, local, length)
+                mapped = np.frombuffer(file.buffer, dtype=np.uint8, count=length, offset=local)
+                mapped[(starts[low:high] - source + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = physical[low:high]
+                del mapped  # an exported view would keep the mapping from being closed
+                file.release_pages(local, length)
         offsets = plan.positions
         tags = batch.tag_hashes[begin:end]
         first = batch.first_offset + begin
@@ -1000,6 +991,7 @@ class LocalMessageStore:
         else:
             for index, (offset, size, tag) in enumerate(zip(offsets, sizes, tags, strict=True)):
                 queue.append(ConsumeQueueUnit(offset, size, tag), first + index)
+        queue.release_pages(first, first + len(sizes))
         self._dispatched_offset = plan.end_offset
         self._unit_count += len(sizes)
         return offsets
