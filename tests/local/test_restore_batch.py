@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -172,3 +173,40 @@ def test_joined_records_are_whole_records_or_refused(tmp_path: Path) -> None:
             target.restore_messages(TOPIC, 0, JoinedRecords(joined, cut))
         assert target.commitlog_max_offset == 0
         assert len(target.restore_messages(TOPIC, 0, JoinedRecords(joined, [len(r) for r in records]))) == 4
+
+
+def test_a_restore_leaves_the_callers_buffer_as_it_was(tmp_path: Path) -> None:
+    config = small_config()
+    records = produce(tmp_path / "source", config, 40)
+    given = bytearray(b"".join(records))
+    with LocalMessageStore(tmp_path / "target", config=config) as target:
+        target.put_message("Other", 0, b"x" * 5000)  # every record lands at another PHYSICALOFFSET
+        target.restore_messages(TOPIC, 0, JoinedRecords(given, [len(r) for r in records]))  # type: ignore[arg-type]
+        assert given == b"".join(records)
+        assert [decode(raw).physical_offset for raw in read_all(target).values()] == [
+            target.cq_unit(TOPIC, 0, offset).commitlog_offset for offset in range(40)
+        ]
+
+
+def test_what_a_restore_keeps_in_memory_does_not_grow_with_the_messages_restored(tmp_path: Path) -> None:
+    """Issue 7: a restore of millions of messages must not hold anything per message once a batch is written."""
+    config = small_config(commit_log_file_size=64 << 20, consume_queue_units_per_file=100_000)
+    records = produce(tmp_path / "source", config, 200)
+    batches = [
+        JoinedRecords(b"".join(rebased(records, start)), [len(r) for r in records]) for start in range(0, 6000, 200)
+    ]
+    batches.reverse()
+    with LocalMessageStore(tmp_path / "target", config=config) as target:
+        tracemalloc.start()
+        try:
+            for _ in range(5):
+                target.restore_messages(TOPIC, 0, batches.pop())
+            warm, _ = tracemalloc.get_traced_memory()
+            while batches:
+                target.restore_messages(TOPIC, 0, batches.pop())
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert target.max_offset(TOPIC, 0) == 6000
+    # 5,000 more messages: one list slot and int kept per message would be 200 KB (measured ~12 KB without).
+    assert held - warm < 64 << 10
