@@ -30,8 +30,10 @@ Programmatic use (benchmarks): ``restore_archive(node, request, sink)`` with a `
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +86,29 @@ DEFAULT_BATCH_MESSAGES = 16384
 ExportFormat = Literal["jsonl", "raw"]
 # Units read at once when a queue's next batch needs more (1.25 MiB of units).
 _UNITS_PER_READ = 65536
+# glibc's mallopt parameter, and the size from which a restore's allocations are their own mappings.
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 1 * MIB
+
+
+def _return_large_buffers_to_the_system() -> None:
+    """Have glibc map every allocation of 1 MiB or more on its own, so freeing it unmaps it.
+
+    By default glibc raises its mmap threshold to the size of the largest buffer freed (up to 32
+    MiB): after the first 16 MiB batch is freed, every later one comes from the heaps of the threads
+    that read and write batches, which fragment and keep tens of MiB that are free but resident
+    (measured: a 1,000,000-message restore peaked at 220 MiB anonymous RSS, 168 MiB with this, at the
+    same speed). Setting the threshold fixes it. Only for the restore command's own process.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -749,6 +774,8 @@ def restore(
         max_bytes_in_flight=in_flight_mib * MIB,
     )
     show = progress if progress is not None else cli.output.err.is_terminal
+    if not dry_run:
+        _return_large_buffers_to_the_system()
 
     async def go() -> RestoreSummary:
         async with open_read_node(cli.config) as node:
