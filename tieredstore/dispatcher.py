@@ -686,11 +686,20 @@ class Dispatcher:
         state = self._queues.get((topic, queue_id))
         if state is not None and state.flat_file is None and state.retry_at > time.monotonic():
             return None
+        key = (topic, queue_id)
         try:
-            return await self._state(topic, queue_id)
+            opened = await self._state(topic, queue_id)
         except (TieredStoreError, OSError) as error:
-            self._record_failure(self._queues[(topic, queue_id)], error, phase="open")
+            failed = self._queues.get(key)
+            # A lease round may have found the queue lost (and unloaded it) while it was opening.
+            if failed is not None:
+                self._record_failure(failed, error, phase="open")
             return None
+        if self._queues.get(key) is not opened:
+            # Lost or released while opening: the cold queue it loaded must not be reused by a later lease.
+            self._unload(opened)
+            return None
+        return opened
 
     async def _open_queue(self, state: _QueueState) -> None:
         """Load the cold queue; on first sight create it at the ``start_from`` offset."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.archiver.helpers import Archive, PathFaultProvider
-from tieredstore.errors import CorruptRecordError
+from tieredstore.errors import CorruptRecordError, StorageError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.message import decode
@@ -260,3 +260,28 @@ async def test_a_failing_hot_read_backs_off_that_queue_without_blocking_the_othe
     assert archive.archived("Flaky", 0) == 12 and archive.archived("Steady", 0) == 12
     assert await archive.check("Flaky", 0) == []
     assert archive.metrics.registry.get_sample_value("tieredstore_cold_storage_up") != 0
+
+
+@pytest.mark.parametrize("opening", ["fails", "succeeds"])
+async def test_a_queue_lost_while_its_cold_queue_opens_is_let_go(archive: Archive, opening: str) -> None:
+    # A lease round can find a queue lost (and unload it) while its cold queue is still opening.
+    dispatcher = archive.dispatcher()
+    archive.put("Contested", 0, 3)
+    await dispatcher.start()
+    open_queue = dispatcher._open_queue
+
+    async def open_then_lose(state: Any) -> None:
+        await open_queue(state)
+        dispatcher._unload(state)
+        if opening == "fails":
+            raise StorageError("the cold tier went away mid-open")
+
+    dispatcher._open_queue = open_then_lose  # type: ignore[method-assign]
+    assert await dispatcher._opened_state("Contested", 0) is None  # no KeyError escapes the dispatcher
+    assert ("Contested", 0) not in dispatcher._queues
+    dispatcher._open_queue = open_queue  # type: ignore[method-assign]
+    # Leased again later, the queue is opened afresh and archives normally.
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=10)
+    assert result.failed == {}
+    assert archive.archived("Contested", 0) == 3
+    assert await archive.check("Contested", 0) == []
