@@ -142,11 +142,7 @@ class CommitLog:
 
     def _add_file(self, start: int) -> None:
         path = self.directory / hot_file_name(start)
-        if path.exists():
-            file = MappedFile(path, start, writable=True)
-        else:
-            file = MappedFile(path, start, writable=True, create_size=self._new_file_size)
-            fsync_directory(self.directory)
+        file = MappedFile.create_or_resume(path, start, self._new_file_size)
         self.files.append(file)
 
     def write(self, offset: int, data: bytes) -> MappedFile:

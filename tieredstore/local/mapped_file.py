@@ -13,7 +13,11 @@ import mmap
 import os
 from pathlib import Path
 
-from tieredstore.errors import StoreFullError
+import structlog
+
+from tieredstore.errors import CorruptRecordError, StoreFullError
+
+log = structlog.get_logger(__name__)
 
 ALLOCATION_CHUNK = 4 << 20
 _MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
@@ -27,6 +31,16 @@ def fsync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _all_zeros(fd: int, length: int) -> bool:
+    """Whether the first ``length`` bytes of ``fd`` are all zero."""
+    chunk = len(_ZERO_CHUNK)
+    for position in range(0, length, chunk):
+        data = os.pread(fd, min(chunk, length - position), position)
+        if data != _ZERO_CHUNK[: len(data)]:
+            return False
+    return True
 
 
 class MappedFile:
@@ -53,6 +67,37 @@ class MappedFile:
             raise
         # Unknown for an existing file: reserve again from wherever the writer resumes.
         self._allocated_upto = 0
+
+    @classmethod
+    def create_or_resume(cls, path: Path, start_offset: int, size: int) -> MappedFile:
+        """Map ``path`` for writing, creating it at ``size`` bytes (and making the entry durable) if absent.
+
+        Creating takes two steps, ``O_CREAT`` then ``ftruncate``: a writer killed between them leaves
+        a file shorter than ``size``, empty. A short file holding only zeros never held data, so it is
+        sized now, as its creation would have done, with a warning. A short file with data in it was
+        not left by a crash: CorruptRecordError, and nothing in it is touched.
+        """
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            file = cls(path, start_offset, writable=True, create_size=size)
+            fsync_directory(path.parent)
+            return file
+        try:
+            found = os.fstat(fd).st_size
+            if found < size:
+                if not _all_zeros(fd, found):
+                    raise CorruptRecordError(
+                        f"store file starting at offset {start_offset} holds data but has {found} bytes, "
+                        f"not {size}; it was not left by a crash and is kept as it is",
+                        location=str(path),
+                    )
+                os.ftruncate(fd, size)
+                os.fsync(fd)
+                log.warning("sized a store file a crash left short", path=str(path), found=found, size=size)
+        finally:
+            os.close(fd)
+        return cls(path, start_offset, writable=True)
 
     @property
     def end_offset(self) -> int:

@@ -17,7 +17,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.naming import hot_file_name
 from tieredstore.local.batch import units_from
-from tieredstore.local.mapped_file import MappedFile, fsync_directory
+from tieredstore.local.mapped_file import MappedFile
 
 _UNIT = struct.Struct(">qiq")
 _OFFSET_AND_SIZE = struct.Struct(">qi")
@@ -278,11 +278,7 @@ class ConsumeQueue:
         start = self._files[-1].end_offset if self._files else byte_offset - byte_offset % self._new_file_size
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / hot_file_name(start)
-        if path.exists():
-            file = MappedFile(path, start, writable=True)
-        else:
-            file = MappedFile(path, start, writable=True, create_size=self._new_file_size)
-            fsync_directory(self.directory)
+        file = MappedFile.create_or_resume(path, start, self._new_file_size)
         self._files.append(file)
 
     def truncate_to(self, queue_offset: int) -> int:
