@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.local.conftest import abandon, small_config
-from tests.local.test_restore import TOPIC
+from tests.local.test_restore import TOPIC, produce, rebased
 from tieredstore.errors import CorruptRecordError
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import decode
@@ -146,3 +146,46 @@ def test_create_or_resume_creates_and_keeps_a_full_file(tmp_path: Path) -> None:
         assert again.size == 1000
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("files", [1, 2])
+@pytest.mark.parametrize("crash", [True, False])
+def test_consume_queue_files_with_no_unit_yet_start_the_queue_at_zero(tmp_path: Path, files: int, crash: bool) -> None:
+    """Sized but never written (a batch crossing a file boundary creates two): the queue is empty at 0."""
+    config = small_config()
+    bodies = crashed_store(tmp_path, config, 2)
+    if not crash:
+        LocalMessageStore(tmp_path, config=config).close()  # a clean checkpoint this time
+    directory = tmp_path / "consumequeue" / "Other" / "0"
+    directory.mkdir(parents=True)
+    for index in range(files):
+        (directory / hot_file_name(index * CQ_FILE_SIZE)).write_bytes(bytes(CQ_FILE_SIZE))
+    with LocalMessageStore(tmp_path, config=config) as store:
+        assert (store.min_offset("Other", 0), store.max_offset("Other", 0)) == (0, 0)
+        assert store.put_message("Other", 0, b"first").queue_offset == 0
+        assert store.put_message("Other", 0, b"second").queue_offset == 1
+        assert store.min_offset("Other", 0) == 0
+        assert bodies_of(store, 0, "Other") == [b"first", b"second"]
+        assert bodies_of(store) == bodies
+    with LocalMessageStore(tmp_path, config=config) as reopened:
+        assert (reopened.min_offset("Other", 0), reopened.max_offset("Other", 0)) == (0, 2)
+        assert bodies_of(reopened, 0, "Other") == [b"first", b"second"]
+
+
+@pytest.mark.parametrize("crash", [True, False])
+@pytest.mark.parametrize("count", [2, 5], ids=["within-one-file", "across-files"])
+def test_a_restored_queue_starting_mid_file_keeps_its_bounds(tmp_path: Path, crash: bool, count: int) -> None:
+    """A queue restored from offset 37: slots 0-6 of its first file stay zeros, its units follow."""
+    config = small_config()
+    records = rebased(produce(tmp_path / "source", config, count), 37)
+    target = LocalMessageStore(tmp_path / "target", config=config)
+    target.restore_messages(TOPIC, 0, records)
+    assert (target.min_offset(TOPIC, 0), target.max_offset(TOPIC, 0)) == (37, 37 + count)
+    if crash:
+        abandon(target)
+    else:
+        target.close()
+    with LocalMessageStore(tmp_path / "target", config=config) as reopened:
+        assert (reopened.min_offset(TOPIC, 0), reopened.max_offset(TOPIC, 0)) == (37, 37 + count)
+        assert [m.raw for m in reopened.read_messages(TOPIC, 0, 37, max_count=10)] == records
+        assert reopened.put_message(TOPIC, 0, b"next").queue_offset == 37 + count

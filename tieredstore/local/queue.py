@@ -87,12 +87,24 @@ class ConsumeQueue:
     def _find_bounds(self) -> None:
         first = self._files[0]
         data = first.read(0, first.size - first.size % UNIT_SIZE)
-        leading_zeros = len(data) - len(data.lstrip(b"\x00"))
-        # A unit's size field is never zero, so the first non-zero byte lies inside the first written unit.
+        written = data.lstrip(b"\x00")
+        if not written and all(self._is_empty_at(file, 0) for file in self._files[1:]):
+            # No unit written yet: files are sized before their first unit goes in, and a crash may come
+            # between. The queue is empty and starts at the first file's first slot, as the follower decides.
+            self.min_offset = self.max_offset = first.start_offset // UNIT_SIZE
+            return
+        leading_zeros = len(data) - len(written)
+        # A unit's size field is never zero, so the first non-zero byte lies inside the first written unit:
+        # zeros before it are the slots below a restored (rebased) queue's first offset.
         self.min_offset = (first.start_offset + leading_zeros - leading_zeros % UNIT_SIZE) // UNIT_SIZE
-        last = self._files[-1]
-        capacity = last.size // UNIT_SIZE
-        low, high = 0, capacity
+        # The end lies in the last file holding a unit (a batch that crossed a file boundary may have sized
+        # the next file and crashed before writing into it); in a restored queue's first file, at or after
+        # its first unit, since the empty slots below that unit would mislead the search.
+        index = len(self._files) - 1
+        while index > 0 and self._is_empty_at(self._files[index], 0):
+            index -= 1
+        last = self._files[index]
+        low, high = max(0, self.min_offset - last.start_offset // UNIT_SIZE), last.size // UNIT_SIZE
         while low < high:
             middle = (low + high) // 2
             if self._is_empty_at(last, middle * UNIT_SIZE):
