@@ -100,6 +100,11 @@ class LeaseManager:
         # Local monotonic time until which held leases may be used (see the module docstring).
         self._valid_until = 0.0
         self._lock = threading.Lock()
+        # Held for a whole round and by ``close``: a round still running in its worker thread when the
+        # archiver shuts down (cancelling the await does not stop the thread) finishes before the leases
+        # are handed back, and a round after ``close`` does nothing, so none is taken again behind it.
+        self._rounds = threading.Lock()
+        self._closed = False
         self._started = False
         # A transaction of this process stalled longer than it may use a lease after renewing it is
         # ended by the server, so its row locks cannot keep the queues from peers once the lease is over.
@@ -150,7 +155,13 @@ class LeaseManager:
         self._started = True
 
     def round(self) -> LeaseChanges:
-        """Heartbeat, renew, compute the fair share, acquire; see the module docstring."""
+        """Heartbeat, renew, compute the fair share, acquire; see the module docstring. Nothing once closed."""
+        with self._rounds:
+            if self._closed:
+                return LeaseChanges()
+            return self._round()
+
+    def _round(self) -> LeaseChanges:
         if not self._started:
             self.start()
         started = self.clock()
@@ -205,13 +216,18 @@ class LeaseManager:
             self.metadata.release_leases(self.owner, keys)
 
     def close(self) -> None:
-        """Release every lease and leave the membership, so the others take the queues over at once."""
-        with self._lock:
-            self._held.clear()
-            self._releasing.clear()
-            self._valid_until = 0.0
-        self.metadata.release_leases(self.owner)
-        self.metadata.remove_archiver(self.owner)
+        """Release every lease and leave the membership, so the others take the queues over at once.
+
+        Waits for a round in progress; later rounds do nothing.
+        """
+        with self._rounds:
+            self._closed = True
+            with self._lock:
+                self._held.clear()
+                self._releasing.clear()
+                self._valid_until = 0.0
+            self.metadata.release_leases(self.owner)
+            self.metadata.remove_archiver(self.owner)
 
 
 class SingleArchiverLock:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tieredstore.errors import ConfigError, LeaseLostError
-from tieredstore.leases import LeaseManager, SingleArchiverLock
+from tieredstore.leases import LeaseChanges, LeaseManager, SingleArchiverLock
 from tieredstore.metadata import MetadataStore, upgrade
 
 TIEREDSTORE = [sys.executable, "-c", "from tieredstore.cli import run_main; run_main()"]
@@ -165,6 +167,36 @@ def test_close_hands_every_lease_back_at_once(stores: list[MetadataStore]) -> No
     assert {r.owner for r in stores[1].list_queues(TOPIC)} == {None}
     b = LeaseManager(stores[1], owner="b", lease_duration=3.0, renew_interval=1.0)
     assert len(b.round().acquired) == QUEUES  # a left the membership too: b's share is everything
+
+
+def test_close_waits_for_a_round_in_flight_and_no_round_takes_a_lease_after_it(
+    stores: list[MetadataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At shutdown the dispatcher cancels its lease loop, but a round already running in its worker
+    # thread goes on: it must not take leases back after close() handed them all back.
+    archiver = LeaseManager(stores[0], owner="a", lease_duration=3.0, renew_interval=1.0)
+    in_round, go_on = threading.Event(), threading.Event()
+    acquire = stores[0].acquire_leases
+
+    def slow_acquire(*args: Any, **kwargs: Any) -> Any:
+        in_round.set()
+        go_on.wait(10)
+        return acquire(*args, **kwargs)
+
+    monkeypatch.setattr(stores[0], "acquire_leases", slow_acquire)
+    round_thread = threading.Thread(target=archiver.round)
+    round_thread.start()
+    assert in_round.wait(10)
+    close_thread = threading.Thread(target=archiver.close)
+    close_thread.start()
+    close_thread.join(0.3)
+    assert close_thread.is_alive(), "close() waits for the round in flight"
+    go_on.set()
+    round_thread.join(10)
+    close_thread.join(10)
+    assert {row.owner for row in stores[1].list_queues(TOPIC)} == {None}
+    assert archiver.round() == LeaseChanges()  # closed: no heartbeat, nothing acquired
+    assert {row.owner for row in stores[1].list_queues(TOPIC)} == {None}
 
 
 def test_second_archiver_lock_on_one_sqlite_database_is_refused(tmp_path: Path) -> None:
