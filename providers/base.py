@@ -118,6 +118,14 @@ class FileSegment(abc.ABC):
     async def _read(self, position: int, length: int) -> bytes:
         """Exactly ``length`` committed bytes from ``position`` (the base class has trimmed the range)."""
 
+    async def _read_from(self, position: int, length: int) -> bytes:
+        """At most ``length`` committed bytes from ``position``, at least one (the range is trimmed).
+
+        A provider that stores a file in pieces stops at the end of the piece holding ``position``,
+        so that one request serves the read; by default this is ``_read`` of the whole range.
+        """
+        return await self._read(position, length)
+
     @abc.abstractmethod
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         """Make ``data`` durable at ``position`` without ever overwriting committed bytes.
@@ -287,6 +295,19 @@ class FileSegment(abc.ABC):
         if end <= request.start:
             return b""
         return await self._read(request.start, end - request.start)
+
+    async def read_from(self, position: int, max_length: int) -> bytes:
+        """Committed bytes from ``position`` for a reader going through the file in order.
+
+        At least one byte when any is committed at ``position``, at most ``max_length``, and possibly
+        fewer: an object-store provider stops at the end of the object holding ``position`` and reads
+        it with one request, so the next call, starting there, costs one request too and no listing.
+        """
+        request = ByteRange(position, max_length)
+        end = min(request.end, self._commit_position)
+        if end <= request.start:
+            return b""
+        return await self._read_from(request.start, end - request.start)
 
     async def read_ranges(self, ranges: Sequence[ByteRange]) -> list[bytes]:
         return [await self.read(r.start, r.length) for r in ranges]

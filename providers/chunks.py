@@ -212,6 +212,27 @@ class ChunkedSegment(FileSegment):
         )
         return b"".join(parts)
 
+    async def _read_from(self, position: int, length: int) -> bytes:
+        """The rest of the chunk holding ``position``, at most ``length`` bytes: one GET.
+
+        Before the chunks are listed, a chunk starting at ``position`` is read by its name: a reader
+        going from chunk to chunk (each read starting where the last one ended) never lists at all.
+        """
+        run = self._known_run
+        if not run or run[-1].end <= position:
+            with contextlib.suppress(SegmentNotFoundError):
+                data = await self._store.get_range(self._chunk_key(position), 0, length)
+                if data:
+                    return data
+            run = await self._load_run()
+        slices = slices_for(run, position, 1)
+        if not slices:
+            raise SegmentNotFoundError(f"{self.key}: storage no longer holds byte {position}")
+        holding = slices[0]
+        return await self._store.get_range(
+            self._chunk_key(holding.chunk.start), holding.offset, min(length, holding.chunk.size - holding.offset)
+        )
+
     def _remember(self, chunk: Chunk) -> None:
         if chunk.start == 0:
             self._known_run = [chunk]

@@ -105,6 +105,9 @@ class FaultySegment(FileSegment):
     async def _read(self, position: int, length: int) -> bytes:
         return await self.inner._read(position, length)
 
+    async def _read_from(self, position: int, length: int) -> bytes:
+        return await self.inner._read_from(position, length)
+
     async def _truncate(self, size: int) -> None:
         await self.inner._truncate(size)
 
@@ -268,6 +271,31 @@ class ProviderTests:
                 for length in (1, 6, 11, len(model)):
                     expected = model[start : start + length]
                     assert await segment.read(start, length) == expected, (start, length)
+
+    async def test_reading_on_from_where_the_last_read_ended_gives_every_byte_once(
+        self, open_provider: ProviderFactory
+    ) -> None:
+        parts = [payload(5, 1), payload(9, 2), payload(1, 3), payload(12, 4)]
+        model = b"".join(parts)
+        writer = await committed(open_provider().segment(COMMIT_LOG, QUEUE, 0), *parts)
+        reader = open_provider().segment(COMMIT_LOG, QUEUE, 0, commit_position=len(model))
+        for segment in (writer, reader):
+            for start in range(len(model)):
+                for most in (1, 4, 11, 100):
+                    piece = await segment.read_from(start, most)
+                    # at least one byte while any is left, never more than asked, always the right bytes
+                    assert 1 <= len(piece) <= most and piece == model[start : start + len(piece)], (start, most)
+            for most in (3, 10, 100):
+                position, pieces = 0, []
+                while piece := await segment.read_from(position, most):
+                    pieces.append(piece)
+                    position += len(piece)
+                assert b"".join(pieces) == model
+        assert await reader.read_from(len(model), 10) == b""
+        assert await reader.read_from(3, 0) == b""
+        pending = await committed(open_provider().segment(COMMIT_LOG, "other", 0), b"committed")
+        assert pending.append(b"buffered") is AppendResult.SUCCESS
+        assert await pending.read_from(0, 100) == b"committed"  # trimmed at the commit position
 
     async def test_reads_past_the_commit_position_are_trimmed(self, provider: Provider) -> None:
         data = payload(10, 7)

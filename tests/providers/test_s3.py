@@ -149,6 +149,31 @@ async def test_a_put_that_landed_but_whose_reply_was_lost_is_resolved_by_412(
     assert [item["Key"] for item in listing["Contents"] if not item["Key"].endswith(".created")] == [chunk_key(0)]
 
 
+async def test_a_reader_going_chunk_by_chunk_makes_one_get_each_and_no_listing(
+    proxied: S3Provider, proxy: FaultProxy, s3_bucket_url: str, s3_options: dict[str, Any]
+) -> None:
+    parts = [bytes([n]) * (1000 + n) for n in range(4)]
+    async with S3Provider(s3_bucket_url, **s3_options) as writer:
+        writing = writer.segment(FileType.COMMIT_LOG, QUEUE, 0)
+        for part in parts:
+            writing.append(part)
+            await writing.commit()  # one chunk object each
+    total = sum(map(len, parts))
+    # a reader that knows only the committed size (from metadata), as after a restart
+    reader = proxied.segment(FileType.COMMIT_LOG, QUEUE, 0, commit_position=total)
+    position, pieces = 0, []
+    while piece := await reader.read_from(position, 1 << 20):
+        pieces.append(piece)
+        position += len(piece)
+    assert pieces == parts  # each read ends where its chunk does
+    assert proxy.count("GET") == len(parts)  # each chunk read by its name: no listing at all
+    # starting inside a chunk, the reader lists once to find it, then reads the rest of that chunk only
+    assert await reader.read_from(1500, 1 << 20) == parts[1][500:]
+    assert await reader.read_from(2700, 10) == parts[2][699:709]
+    listings = [path for method, path in proxy.requests if method == "GET" and "list-type" in path]
+    assert len(listings) == 1
+
+
 async def test_412_with_other_bytes_is_a_conflict_and_overwrites_nothing(
     s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, s3_options: dict[str, Any]
 ) -> None:

@@ -352,6 +352,21 @@ class FlatAppendFile:
             index += 1
         return b"".join(parts)
 
+    async def read_from(self, offset: int, max_length: int) -> bytes:
+        """Committed bytes from ``offset`` for a reader going through the file in order (see
+        ``FileSegment.read_from``): at least one byte when any is there, at most ``max_length``, and
+        never past the end of the segment holding ``offset``, or of the storage object holding it.
+        """
+        if max_length < 0:
+            raise ValidationError(f"read length {max_length} must not be negative")
+        if offset >= self.commit_offset or max_length == 0:
+            if offset < self.min_offset:
+                self.segment_index(offset)  # raises NotFoundError
+            return b""
+        segment = self.segments[self.segment_index(offset)]
+        position = offset - segment.base_offset
+        return await segment.read_from(position, min(max_length, self.commit_offset - offset))
+
     # ---- expiry, truncation and recovery -------------------------------------------------------------
 
     async def destroy_expired(self, before_timestamp: int, *, limit_offset: int | None = None) -> int:
