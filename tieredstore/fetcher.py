@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import math
 import os
 import struct
 import time
@@ -103,6 +104,7 @@ from tieredstore.formats.message import (
     MessageRecord,
     decode,
     java_string_hash,
+    split_back_to_back,
     verify_record,
 )
 from tieredstore.formats.naming import FileType, validate_topic
@@ -233,7 +235,8 @@ class ReadAheadBatch:
     """One read-ahead window: the commit-log bytes as read, each record's place in them, checked once.
 
     The record at queue offset ``first_offset + i`` is ``data[starts[i]:ends[i]]``, with consume-queue tag
-    hash ``tag_hashes[i]``; ``data`` begins at commit-log offset ``commitlog_start``. Every record was
+    hash ``tag_hashes[i]`` (None for a window split without its consume queue: a filter then looks at
+    each record's tags); ``data`` begins at commit-log offset ``commitlog_start``. Every record was
     checked when the window was read (``check_window``); ``corrupt`` holds the typed error of each one
     that failed, raised to whoever asks for that offset. Serving the others is slicing only.
     """
@@ -244,7 +247,7 @@ class ReadAheadBatch:
     data: bytes = field(repr=False)
     starts: list[int] = field(repr=False)
     ends: list[int] = field(repr=False)
-    tag_hashes: list[int] = field(repr=False)
+    tag_hashes: list[int] | None = field(repr=False)
     commitlog_start: int = 0
     corrupt: dict[int, CorruptRecordError] = field(default_factory=dict, repr=False)
 
@@ -263,7 +266,8 @@ class ReadAheadBatch:
         """The consume-queue unit that pointed at the record (for messages about it)."""
         index = queue_offset - self.first_offset
         start = self.starts[index]
-        return ConsumeQueueUnit(self.commitlog_start + start, self.ends[index] - start, self.tag_hashes[index])
+        tag_hash = 0 if self.tag_hashes is None else self.tag_hashes[index]
+        return ConsumeQueueUnit(self.commitlog_start + start, self.ends[index] - start, tag_hash)
 
     def raise_if_corrupt(self, begin: int, end: int) -> None:
         """The CorruptRecordError of the first corrupt record in [begin, end), if there is one."""
@@ -296,18 +300,27 @@ def parse_units(raw: bytes, location: str, position: int) -> np.ndarray:
 
 
 def check_window(
-    topic: str, queue_id: int, first_offset: int, data: bytes, commitlog_start: int, units: np.ndarray
+    topic: str,
+    queue_id: int,
+    first_offset: int,
+    data: bytes,
+    commitlog_start: int,
+    units: np.ndarray,
+    *,
+    tag_hashes_known: bool = True,
 ) -> ReadAheadBatch:
     """Split a commit-log read by its consume-queue units and check every record once (see ``verify_served``).
 
     A vectorised pass over the window flags each record that may fail any of ``verify_served``'s checks;
     ``verify_served`` then judges each flagged record, so the errors (and which records are corrupt) are
-    exactly what checking record by record gives.
+    exactly what checking record by record gives. Units made from the records themselves carry no tag
+    hash (``tag_hashes_known=False``).
     """
     begins = units["commitlog_offset"].astype(np.int64) - commitlog_start
     ends = begins + units["size"].astype(np.int64)
+    tag_hashes = units["tag_hash"].tolist() if tag_hashes_known else None
     batch = ReadAheadBatch(
-        topic, queue_id, first_offset, data, begins.tolist(), ends.tolist(), units["tag_hash"].tolist(), commitlog_start
+        topic, queue_id, first_offset, data, begins.tolist(), ends.tolist(), tag_hashes, commitlog_start
     )
     for index in _suspect_records(_topic_bytes(topic), queue_id, first_offset, data, begins, ends - begins).tolist():
         queue_offset = first_offset + index
@@ -569,6 +582,15 @@ class _Batch:
 
 
 @dataclass(slots=True)
+class _Follow:
+    """Where the record after a window lies in the cold commit log, for a window that follows it."""
+
+    offset: int
+    commitlog_offset: int
+    record_bytes: float  # the mean record size of the window before, to size the next read
+
+
+@dataclass(slots=True)
 class _Prefetch:
     """The next window of one queue, being read (or read) before its reader asks for it."""
 
@@ -621,6 +643,7 @@ class MessageFetcher:
         self._prefetch_bytes = 0
         self._in_flight = 0  # prefetches still reading
         self._window_ends: dict[tuple[str, int], int] = {}  # per queue, where the last window read ended
+        self._follows: dict[tuple[str, int], _Follow] = {}  # per queue, where the next record lies
         self._closed = False
 
     @property
@@ -929,23 +952,85 @@ class MessageFetcher:
         return batch
 
     async def _read_records(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:
-        """One consume-queue read and one commit-log read of up to ``count`` records from ``offset``, checked.
+        """Up to ``count`` checked records from ``offset``, trimmed from the end to ``read_ahead_size`` bytes
+        (never below one): a window.
 
-        The records are trimmed from the end to ``read_ahead_size`` bytes, never below one.
+        A window that follows the last one read of its queue is one commit-log read from where that one
+        ended (``_read_following``); any other is one consume-queue read and one commit-log read
+        (``_read_by_units``). Both read from where a read starts to the end of the storage object
+        holding it at most, so a reader going through a queue reads each object once, whole.
         """
+        key = (flat_file.topic, flat_file.queue_id)
+        follow = self._follows.get(key)
+        batch = None
+        if follow is not None and follow.offset == offset:
+            batch = await self._read_following(flat_file, offset, count, follow)
+        if batch is None:
+            batch = await self._read_by_units(flat_file, offset, count)
+        if batch is not None and len(batch):
+            first, last = batch.starts[0], batch.ends[-1]
+            self._follows[key] = _Follow(batch.end_offset, batch.commitlog_start + last, (last - first) / len(batch))
+        return batch
+
+    async def _read_following(
+        self, flat_file: FlatMessageFile, offset: int, count: int, follow: _Follow
+    ) -> ReadAheadBatch | None:
+        """The window from ``offset`` split out of the commit log from where the last window ended.
+
+        A queue's cold commit log holds its records back to back in queue-offset order, so no
+        consume-queue read is needed: the records are split by their TOTALSIZE, and the window check
+        proves each is the message at its queue offset. None when that does not hold (offsets lost
+        in between, a segment gone, a damaged record): the consume queue then says what is there.
+        """
+        # Records like the last window's fill the read exactly: an object store's read stops at the end of
+        # the object anyway, and a larger read of a file would hold bytes the window does not use.
+        wanted = min(self.settings.read_ahead_size, max(MIN_RECORD_SIZE, math.ceil(follow.record_bytes * count)))
+        try:
+            data = await flat_file.commit_log.read_from(follow.commitlog_offset, wanted)
+        except (NotFoundError, SegmentNotFoundError):
+            return None
+        self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
+        bounds = np.asarray(split_back_to_back(data, count), dtype=np.int64)
+        if len(bounds) < 2:
+            return None
+        units = np.empty(len(bounds) - 1, dtype=UNIT_DTYPE)
+        units["commitlog_offset"] = bounds[:-1] + follow.commitlog_offset
+        units["size"] = np.diff(bounds)
+        units["tag_hash"] = 0
+        batch = check_window(
+            flat_file.topic, flat_file.queue_id, offset, data, follow.commitlog_offset, units, tag_hashes_known=False
+        )
+        return None if batch.corrupt else batch
+
+    async def _read_by_units(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:
+        """The window from ``offset`` as its consume-queue units say: one read of each file."""
         consume_queue = flat_file.consume_queue
         position = consume_queue.position_of(offset)
-        raw_units = await consume_queue.read(position, count * UNIT_SIZE)
+        raw_units = await consume_queue.read_from(position, count * UNIT_SIZE)
         self.metrics.cold_reads.labels(file_type=FileType.CONSUME_QUEUE.value).inc()
+        whole = len(raw_units) - len(raw_units) % UNIT_SIZE
+        if not whole and raw_units:
+            # The object holding this unit ends inside it (a commit split across objects): read it whole.
+            raw_units = await consume_queue.read(position, UNIT_SIZE)
+        elif whole < len(raw_units):
+            raw_units = raw_units[:whole]
         units = parse_units(raw_units, f"{consume_queue.path}/{FileType.CONSUME_QUEUE.value}", position)
         if not len(units):
             return None
         sizes = units["size"].astype(np.int64)
         kept = max(1, int(np.searchsorted(np.cumsum(sizes), self.settings.read_ahead_size, side="right")))
-        units = units[:kept]
+        units, sizes = units[:kept], sizes[:kept]
         start = int(units["commitlog_offset"][0])
-        stop = int((units["commitlog_offset"].astype(np.int64) + sizes[:kept]).max())
-        data = await flat_file.read_commit_log(start, stop - start)
+        ends = units["commitlog_offset"].astype(np.int64) + sizes - start
+        length = int(ends.max())
+        data = await flat_file.commit_log.read_from(start, length)
+        if len(data) < length:
+            # The commit log's object ended first: keep the records it holds whole, else read exactly.
+            held = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
+            if held:
+                units = units[:held]
+            else:
+                data = await flat_file.read_commit_log(start, length)
         self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
         return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
 
@@ -1027,7 +1112,8 @@ class MessageFetcher:
         self, batch: ReadAheadBatch, queue_offset: int, message_filter: MessageFilter
     ) -> FetchedMessage | None:
         """A cold record through ``message_filter`` (tag hash first); its check happened when it was read."""
-        if not message_filter.may_match(batch.tag_hashes[queue_offset - batch.first_offset]):
+        tag_hashes = batch.tag_hashes
+        if tag_hashes is not None and not message_filter.may_match(tag_hashes[queue_offset - batch.first_offset]):
             return None
         batch.raise_if_corrupt(queue_offset, queue_offset + 1)
         raw = batch.raw(queue_offset)

@@ -30,6 +30,7 @@ from tieredstore.formats.message import (
     property_value,
     record_size_at,
     rewrite_physical_offset,
+    split_back_to_back,
     store_timestamp_of,
     tag_hash,
     verify_record,
@@ -53,6 +54,18 @@ def rust_log() -> bytes:
 def test_java_fixture_is_the_documented_file(java_log: bytes) -> None:
     assert len(java_log) == 8192
     assert hashlib.sha256(java_log).hexdigest().startswith("081d0913")
+
+
+def test_split_back_to_back_finds_the_java_stores_records_and_stops_at_its_blank(java_log: bytes) -> None:
+    starts = [position for position, _record in iter_records(java_log)]
+    ends = split_back_to_back(java_log, 1000)
+    assert ends[:-1] == starts and ends[-1] == 8084  # the blank record filling the file's end is no record
+    assert split_back_to_back(java_log, 2) == ends[:3]
+    assert split_back_to_back(memoryview(java_log)[: ends[3] - 1], 1000) == ends[:3]  # a record cut off by a read
+    assert split_back_to_back(java_log[:10], 5) == [0]
+    damaged = bytearray(java_log)
+    damaged[ends[1] : ends[1] + 4] = (7).to_bytes(4, "big")  # a TOTALSIZE below any record's
+    assert split_back_to_back(bytes(damaged), 1000) == ends[:2]
 
 
 def test_java_record_zero_decodes_to_every_documented_field(java_log: bytes) -> None:

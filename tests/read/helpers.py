@@ -47,7 +47,7 @@ class ReadLog:
 class CountingSegment(FaultySegment):
     log: ReadLog
 
-    async def _read(self, position: int, length: int) -> bytes:
+    async def _observe(self, position: int, length: int) -> None:
         from tieredstore.errors import StorageUnavailableError
 
         if self.log.gate is not None:
@@ -55,7 +55,14 @@ class CountingSegment(FaultySegment):
         if self.log.failing:
             raise StorageUnavailableError(f"{self.key}: injected read outage")
         self.log.reads.append((self.file_type, self.key, position, length))
+
+    async def _read(self, position: int, length: int) -> bytes:
+        await self._observe(position, length)
         return await super()._read(position, length)
+
+    async def _read_from(self, position: int, length: int) -> bytes:
+        await self._observe(position, length)
+        return await super()._read_from(position, length)
 
 
 class CountingProvider(FaultyProvider):

@@ -123,3 +123,49 @@ async def test_tag_filter_confirms_the_hash_on_the_record_and_skipped_offsets_ad
         assert [m.queue_offset for m in found.messages] == [102, 106] and found.next_begin_offset == 107
     finally:
         await opened.__aexit__(None, None, None)
+
+
+@over_backends
+async def test_damage_in_a_window_read_on_from_the_last_one_is_still_named(
+    tmp_path: Path, provider_factory: ProviderBackend, request: pytest.FixtureRequest
+) -> None:
+    # Windows of 10: after the first, each is split out of the commit log from where the last ended.
+    config = config_for_backend(tmp_path, provider_factory, read={"read_ahead_count": 10})
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
+        records = [make_record(TOPIC, 2, n, body=bytes([n]) * 100) for n in range(40)]
+        flat_file = await append_records(store.runtime, TOPIC, 2, records, commit_every=10)
+        segment = flat_file.commit_log.segments[0]
+        units = await flat_file.read_units(0, 40)
+        body_at = len(records[25]) - 100 - 1 - len(TOPIC) - 2
+        flip_byte(provider_factory, request, segment.key, units[25].commitlog_offset - segment.base_offset + body_at)
+        # the first record of window [30, 40): the split finds no record there at all
+        flip_byte(provider_factory, request, segment.key, units[30].commitlog_offset - segment.base_offset + POS_MAGIC)
+
+        served = []
+        for offset in range(0, 25, 5):
+            served += [m.queue_offset for m in (await store.get_messages(TOPIC, 2, offset, 5)).messages]
+        assert served == list(range(25))
+        with pytest.raises(CorruptRecordError, match="body CRC mismatch") as crc_error:
+            await store.get_messages(TOPIC, 2, 25, 5)
+        assert (crc_error.value.location, crc_error.value.offset) == (f"{TOPIC}/2", 25)
+        assert [m.queue_offset for m in (await store.get_messages(TOPIC, 2, 26, 4)).messages] == [26, 27, 28, 29]
+        with pytest.raises(CorruptRecordError, match="bad magic code") as magic_error:
+            await store.get_messages(TOPIC, 2, 30, 3)
+        assert (magic_error.value.location, magic_error.value.offset) == (f"{TOPIC}/2", 30)
+        rest = await store.get_messages(TOPIC, 2, 31, 32)
+        assert [m.queue_offset for m in rest.messages] == list(range(31, 40))
+        assert [m.body for m in rest.messages] == [bytes([n]) * 100 for n in range(31, 40)]
+
+
+async def test_a_tag_filter_reading_on_through_windows_confirms_tags_on_the_records(tmp_path: Path) -> None:
+    # Windows split out of the commit log carry no consume-queue tag hash: the records' own TAGS decide.
+    config = make_config(tmp_path, read={"read_ahead_count": 16})
+    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+        records = [make_record(TOPIC, 0, n, body=n.to_bytes(2, "big"), tags=_tagged(n)) for n in range(120)]
+        await append_records(store.runtime, TOPIC, 0, records)
+        wanted, offset = [], 0
+        while offset < 120:
+            result = await store.get_messages(TOPIC, 0, offset, 3, MessageFilter.by_tags("BB"))
+            wanted += [(m.queue_offset, m.tags) for m in result.messages]
+            offset = result.next_begin_offset
+        assert wanted == [(n, "BB") for n in range(1, 120, 4)]

@@ -565,6 +565,29 @@ def index_keys_of(raw: bytes | memoryview, pos: int = 0) -> tuple[str, ...]:
     return (*keys, unique_key) if unique_key else tuple(keys)
 
 
+def split_back_to_back(buf: bytes | memoryview, max_count: int) -> list[int]:
+    """Where each of up to ``max_count`` records laid back to back from the start of ``buf`` begins,
+    followed by where the last one ends (``[0]`` when none fits).
+
+    Only TOTALSIZE and MAGICCODE are read, and a split stops at the first record that is not a message
+    or runs past the buffer (a record cut off by the end of a read, a blank record, damage): the caller
+    checks the records it got, and reads on from the returned end.
+    """
+    ends = [0]
+    append, unpack = ends.append, BLANK_HEADER.unpack_from
+    position, length = 0, len(buf)
+    last_start = length - MIN_RECORD_SIZE
+    for _ in range(max_count):
+        if position > last_start:
+            break
+        size, magic = unpack(buf, position)
+        if size < MIN_RECORD_SIZE or position + size > length or (magic != MAGIC_V1 and magic != MAGIC_V2):
+            break
+        position += size
+        append(position)
+    return ends
+
+
 def iter_records(
     buf: bytes | memoryview, start: int = 0, *, check_crc: bool = True, location: str | None = None
 ) -> Iterator[tuple[int, MessageRecord]]:
