@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import math
 import os
 import platform
 import threading
@@ -72,11 +73,12 @@ from tieredstore.cli.common import (
     segment_rows,
 )
 from tieredstore.cli.read import QueueReader
-from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, ValidationError
+from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
-from tieredstore.formats.arrays import UNIT_DTYPE
+from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
 from tieredstore.formats.consume_queue import UNIT_SIZE
+from tieredstore.formats.message import MIN_RECORD_SIZE, split_back_to_back
 from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
 
@@ -84,8 +86,6 @@ MIB = 1 << 20
 # Large enough that a batch is one or two whole cold chunks: each object GET costs as much as megabytes.
 DEFAULT_BATCH_MESSAGES = 16384
 ExportFormat = Literal["jsonl", "raw"]
-# Units read at once when a queue's next batch needs more (1.25 MiB of units).
-_UNITS_PER_READ = 65536
 # glibc's mallopt parameter, and the size from which a restore's allocations are their own mappings.
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_BYTES = 1 * MIB
@@ -467,6 +467,7 @@ class _Batch:
 
     records: JoinedRecords
     held: int
+    commitlog_end: int  # where the record after the last one lies in the cold commit log
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,9 +478,15 @@ class _Skip:
 
 
 async def _read_units(flat_file: FlatMessageFile, offset: int, count: int) -> np.ndarray:
-    """Up to ``count`` archived units from ``offset`` (fewer where a hole or the end comes first), one read."""
+    """Up to ``count`` archived units from ``offset`` (fewer where a hole, the end or the storage object
+    holding them comes first), one read."""
     name = f"{flat_file.topic}/{flat_file.queue_id}"
-    raw = await flat_file.consume_queue.read(offset * UNIT_SIZE, count * UNIT_SIZE)
+    consume_queue = flat_file.consume_queue
+    raw = await consume_queue.read_from(offset * UNIT_SIZE, count * UNIT_SIZE)
+    whole = len(raw) - len(raw) % UNIT_SIZE
+    if whole < len(raw):
+        # The object ends inside a unit (a commit split across objects): that unit is read on its own.
+        raw = raw[:whole] if whole else await consume_queue.read(offset * UNIT_SIZE, UNIT_SIZE)
     if len(raw) % UNIT_SIZE:
         raise CorruptRecordError(
             f"cold consume queue of {name} returned {len(raw)} bytes, not whole units", offset=offset * UNIT_SIZE
@@ -503,7 +510,8 @@ async def _read_batch(
 ) -> _Batch:
     """The records of ``units`` (from queue offset ``offset``) cut at ``batch_bytes`` (at least one record).
 
-    One commit-log read, once its bytes fit in the budget.
+    One commit-log read, once its bytes fit in the budget, to the end of the storage object holding them
+    at most (the records that object holds whole are the batch).
     """
     positions = units["commitlog_offset"].astype(np.int64)
     start = int(positions[0])
@@ -514,7 +522,15 @@ async def _read_batch(
     length = int(ends.max())
     held = await budget.acquire(length)
     try:
-        raw = await flat_file.read_commit_log(start, length)
+        raw = await flat_file.commit_log.read_from(start, length)
+        if len(raw) < length:
+            cut = int(np.argmin(ends <= len(raw)))  # the first record the read does not hold whole
+            if cut:
+                positions, ends = positions[:cut], ends[:cut]
+                if int(ends.max()) < len(raw):
+                    raw = raw[: int(ends.max())]
+            else:
+                raw = await flat_file.read_commit_log(start, length)
     except BaseException:
         await budget.release(held)
         raise
@@ -530,7 +546,47 @@ async def _read_batch(
         # Not back to back (never so in a commit log the archiver wrote): each record is cut out.
         view = memoryview(raw)
         raw = b"".join(view[begin:stop] for begin, stop in zip(positions.tolist(), ends.tolist(), strict=True))
-    return _Batch(JoinedRecords(raw, sizes.tolist()), held)
+    return _Batch(JoinedRecords(raw, sizes.tolist()), held, start + int(ends[-1]))
+
+
+async def _read_following(
+    flat_file: FlatMessageFile,
+    offset: int,
+    count: int,
+    commitlog_offset: int,
+    record_bytes: float,
+    request: RestoreRequest,
+    budget: _ByteBudget,
+) -> _Batch | None:
+    """Up to ``count`` records from ``offset``, split out of the commit log from ``commitlog_offset``,
+    where the batch before ended: one read, and no consume-queue read.
+
+    A queue's cold commit log holds its records back to back in queue-offset order; each record split
+    out by its TOTALSIZE must carry this queue's id and the next queue offset. None when they do not (a
+    segment gone, damage): the consume queue then says where the records are.
+    """
+    wanted = min(request.batch_bytes, max(MIN_RECORD_SIZE, math.ceil(record_bytes * count)))
+    held = await budget.acquire(wanted)
+    try:
+        raw = await flat_file.commit_log.read_from(commitlog_offset, wanted)
+    except (NotFoundError, SegmentNotFoundError):
+        raw = b""
+    except BaseException:
+        await budget.release(held)
+        raise
+    ends = np.asarray(split_back_to_back(raw, count), dtype=np.int64)
+    found = len(ends) - 1
+    if found:
+        heads = gather(np.frombuffer(raw, dtype=np.uint8), ends[:-1], RECORD_HEAD_DTYPE)
+        expected = np.arange(offset, offset + found, dtype=np.int64)
+        if (heads["queue_offset"] != expected).any() or (heads["queue_id"] != flat_file.queue_id).any():
+            found = 0
+    if not found:
+        await budget.release(held)
+        return None
+    if ends[-1] < len(raw):
+        raw = raw[: int(ends[-1])]
+    return _Batch(JoinedRecords(raw, np.diff(ends).tolist()), held, commitlog_offset + int(ends[-1]))
 
 
 async def restore_archive(
@@ -615,27 +671,31 @@ async def _restore_queue(
 
     async def read_all() -> None:
         offset = outcome.resumed_at
-        # Units are read many batches at a time (20 bytes each): one small read instead of one per batch.
+        # Units are read only where a batch does not follow the one before (the first, after a hole).
         units, units_at = np.empty(0, dtype=UNIT_DTYPE), offset
+        follows: tuple[int, int, float] | None = None  # (queue offset, commit-log offset, mean record size)
         while offset < end:
             if flat_file.next_archived_offset(offset) != offset:
                 # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).
                 offset = min(flat_file.next_archived_offset(offset), end)
                 await ahead.put(_Skip(offset))
                 continue
-            if offset - units_at >= len(units):
-                wanted = min(end - offset, max(request.batch_messages, _UNITS_PER_READ))
-                units, units_at = await _read_units(flat_file, offset, wanted), offset
-            within = offset - units_at
-            batch = await _read_batch(
-                flat_file, units[within : within + min(request.batch_messages, end - offset)], offset, request, budget
-            )
+            count = min(request.batch_messages, end - offset, flat_file.archived_run_end(offset) - offset)
+            batch = None
+            if follows is not None and follows[0] == offset:
+                batch = await _read_following(flat_file, offset, count, follows[1], follows[2], request, budget)
+            if batch is None:
+                if not 0 <= offset - units_at < len(units):
+                    units, units_at = await _read_units(flat_file, offset, count), offset
+                within = offset - units_at
+                batch = await _read_batch(flat_file, units[within : within + count], offset, request, budget)
             try:
                 await ahead.put(batch)
             except BaseException:
                 await budget.release(batch.held)
                 raise
             offset += len(batch.records)
+            follows = (offset, batch.commitlog_end, len(batch.records.data) / len(batch.records))
         await ahead.put(None)
 
     reader = asyncio.create_task(read_all())
