@@ -134,6 +134,22 @@ class MappedFile:
                 raise
         self._allocated_upto = end
 
+    def write_through(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at ``position`` through the file descriptor instead of the mapping (``write``).
+
+        The mapping shares the page cache, so it sees the bytes at once, and ``flush`` covers them. The
+        kernel copies them with the GIL released and maps none of their pages into this process: a bulk
+        writer (a restore) neither stalls the other threads on the copy nor grows its RSS.
+        """
+        if self._map.closed:
+            raise ValueError(f"{self.path} is closed")
+        with memoryview(data) as view:
+            if position < 0 or position + len(view) > self.size:
+                raise ValueError(f"{len(view)} bytes at {position} do not fit in {self.path} ({self.size} bytes)")
+            written = 0
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], position + written)
+
     def release_pages(self, position: int, length: int) -> None:
         """Unmap the pages of ``[position, position + length)`` from this process after writing them.
 

@@ -37,7 +37,7 @@ from tieredstore.errors import (
     StoreFullError,
     ValidationError,
 )
-from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, gather
+from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -963,8 +963,9 @@ class LocalMessageStore:
             log_.write_blank(blank_offset, blank_size)
         positions = np.array(plan.positions, dtype=np.int64)
         physical = positions.astype(">i8").view(np.uint8).reshape(len(sizes), 8)
-        # Records are laid back to back except where a blank ends a file: one copy per run. PHYSICALOFFSET
-        # becomes where each record lands here, patched in the mapped file after the copy.
+        # Records are laid back to back except where a blank ends a file: one write per run. PHYSICALOFFSET
+        # becomes where each record lands here, patched in a copy of the run (the caller's buffer stays as
+        # it was), which goes to the file through its descriptor: the kernel's copy runs without the GIL.
         breaks = np.flatnonzero(np.diff(positions) != np.diff(starts)) + 1
         bounds = [0, *breaks.tolist(), len(sizes)]
         with memoryview(batch.data) as view:
@@ -974,12 +975,10 @@ class LocalMessageStore:
                 offset = int(positions[low])
                 file = log_.file_for(offset)
                 assert file is not None and offset + length <= file.end_offset
-                local = offset - file.start_offset
-                file.buffer[local : local + length] = view[source : source + length]
-                mapped = np.frombuffer(file.buffer, dtype=np.uint8, count=length, offset=local)
-                mapped[(starts[low:high] - source + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = physical[low:high]
-                del mapped  # an exported view would keep the mapping from being closed
-                file.release_pages(local, length)
+                run = bytearray(view[source : source + length])
+                patched = np.frombuffer(run, dtype=np.uint8)
+                patched[(starts[low:high] - source + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = physical[low:high]
+                file.write_through(offset - file.start_offset, run)
         offsets = plan.positions
         tags = batch.tag_hashes[begin:end]
         first = batch.first_offset + begin
@@ -987,7 +986,9 @@ class LocalMessageStore:
         # As in _put: records are published before the units that point at them.
         log_.write_offset = plan.end_offset
         if reserve_units:
-            queue.append_units(list(zip(offsets, sizes, tags, strict=True)))
+            units = np.empty(len(sizes), dtype=UNIT_DTYPE)
+            units["commitlog_offset"], units["size"], units["tag_hash"] = positions, sizes, tags
+            queue.append_unit_array(units)
         else:
             for index, (offset, size, tag) in enumerate(zip(offsets, sizes, tags, strict=True)):
                 queue.append(ConsumeQueueUnit(offset, size, tag), first + index)
