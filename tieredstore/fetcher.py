@@ -20,11 +20,17 @@ when it lies within the newest ``hot_in_memory_bytes`` of the hot commit log, by
 machine's physical memory (``accessMessageInMemoryMaxRatio``); anything older is assumed to have
 left the page cache, and is served from cold storage when cold storage has it.
 
-**Cold reads.** A miss reads one consume-queue range and one commit-log range for up to
-``read_ahead_count`` messages (a window), trimmed from the end to ``read_ahead_size`` bytes but never
-below one message. The records are split by their consume-queue units and each is checked once, when
-the window is read (``check_window``: size, magic, lengths, body CRC, topic, queue id and queue
-offset, all records at once with numpy, one ``zlib.crc32`` per body). A record that fails keeps its
+**Cold reads.** A miss reads a window of up to ``read_ahead_count`` messages, trimmed from the end to
+``read_ahead_size`` bytes but never below one message, and never past the end of the storage object
+(an S3 chunk) holding its first record, so a reader going through a queue reads each object once,
+whole, with one request (``FileSegment.read_from``). A window that follows the last one read of its
+queue is one commit-log read from where that one ended: a queue's cold commit log holds its records
+back to back in queue-offset order, so they are split by TOTALSIZE, with no consume-queue read. Any
+other window (a reader's first, or one after a jump) reads its consume-queue units first, then the
+commit log they point at; so does a following window whose records do not check out (offsets lost in
+between, damage), so that the consume queue has the last word. Each record is checked once, when the
+window is read (``check_window``: size, magic, lengths, body CRC, topic, queue id and queue offset,
+all records at once with numpy, one ``zlib.crc32`` per body). A record that fails keeps its
 ``CorruptRecordError`` naming its topic, queue and offset, raised to whoever asks for that offset;
 a corrupt record further ahead does not fail an earlier batch. Serving is slicing only.
 
@@ -57,7 +63,8 @@ from metadata when a read reaches its end, when the max offset is asked for, and
 it names is gone (the archiver's retention removed it), so later commits by another process are seen.
 
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
-hash is checked first, then the record's real TAGS, so a hash collision is not a match) and for which
+hash is checked first where the window was read by its units, then the record's real TAGS, so a hash
+collision is not a match) and for which
 ``predicate`` holds. Filtered-out messages still advance ``next_begin_offset``; one call scans at most
 ``max(max_count, read_ahead_count)`` offsets.
 """

@@ -83,7 +83,8 @@ from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
 
 MIB = 1 << 20
-# Large enough that a batch is one or two whole cold chunks: each object GET costs as much as megabytes.
+# A batch also ends where the cold storage object holding it does (an S3 chunk, one GET whole), so this
+# cap and 16 MiB bound batches read from a file system.
 DEFAULT_BATCH_MESSAGES = 16384
 ExportFormat = Literal["jsonl", "raw"]
 # glibc's mallopt parameter, and the size from which a restore's allocations are their own mappings.
