@@ -20,7 +20,7 @@ from tests.fixtures.s3 import S3Server
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, segment_key
-from tieredstore.providers.s3 import S3Options, S3Provider, verify_response_checksum
+from tieredstore.providers.s3 import S3Options, S3Provider, check_response_checksum
 
 QUEUE = "c1_cluster/broker-a/TopicTest/0"
 FAST_RETRIES = {"retry_initial_delay": 0.001, "retry_max_delay": 0.01}
@@ -171,11 +171,11 @@ async def test_a_truncated_reply_is_retried_and_never_returned_as_data(
         assert await segment.read(0, len(data)) == data
 
 
-async def test_verification_compares_the_first_checksum_it_can_compute() -> None:
+def test_verification_compares_the_first_checksum_it_can_compute() -> None:
     data = b"some bytes"
-    await verify_response_checksum({"ChecksumCRC32": crc32(data)}, data, "get x")
-    await verify_response_checksum({"ChecksumCRC32": crc32(b"other"), "ChecksumType": "COMPOSITE"}, b"other", "get x")
+    check_response_checksum({"ChecksumCRC32": crc32(data)}, data, "get x")
+    check_response_checksum({"ChecksumCRC32": crc32(b"other"), "ChecksumType": "COMPOSITE"}, b"other", "get x")
     # A composite checksum describes parts, and CRC64NVME needs native code: neither is compared.
-    await verify_response_checksum({"ChecksumCRC32": "AAAAAA==-3", "ChecksumCRC64NVME": "x"}, data, "get x")
+    check_response_checksum({"ChecksumCRC32": "AAAAAA==-3", "ChecksumCRC64NVME": "x"}, data, "get x")
     with pytest.raises(StorageUnavailableError, match=r"get x: .*CRC32"):
-        await verify_response_checksum({"ChecksumCRC32": crc32(b"other")}, data, "get x")
+        check_response_checksum({"ChecksumCRC32": crc32(b"other")}, data, "get x")
