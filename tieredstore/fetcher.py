@@ -25,7 +25,9 @@ left the page cache, and is served from cold storage when cold storage has it.
 (an S3 chunk) holding its first record, so a reader going through a queue reads each object once,
 whole, with one request (``FileSegment.read_from``). A window that follows the last one read of its
 queue is one commit-log read from where that one ended: a queue's cold commit log holds its records
-back to back in queue-offset order, so they are split by TOTALSIZE, with no consume-queue read. Any
+back to back in queue-offset order, so they are split by TOTALSIZE, with no consume-queue read. So is
+a window at the queue's oldest record, read from the commit log's start, where that record almost
+always is (retention may have left older commit-log bytes behind; the check then fails). Any
 other window (a reader's first, or one after a jump) reads its consume-queue units first, then the
 commit log they point at; so does a following window whose records do not check out (offsets lost in
 between, damage), so that the consume queue has the last word. Each record is checked once, when the
@@ -962,13 +964,18 @@ class MessageFetcher:
         """Up to ``count`` checked records from ``offset``, trimmed from the end to ``read_ahead_size`` bytes
         (never below one): a window.
 
-        A window that follows the last one read of its queue is one commit-log read from where that one
-        ended (``_read_following``); any other is one consume-queue read and one commit-log read
+        A window that follows the last one read of its queue, or starts at the queue's oldest record, is
+        one commit-log read from where that one ended, or from the commit log's start
+        (``_read_following``); any other is one consume-queue read and one commit-log read
         (``_read_by_units``). Both read from where a read starts to the end of the storage object
         holding it at most, so a reader going through a queue reads each object once, whole.
         """
         key = (flat_file.topic, flat_file.queue_id)
         follow = self._follows.get(key)
+        if (follow is None or follow.offset != offset) and offset == flat_file.min_offset:
+            # A reader starting at the oldest record: it most likely starts the commit log.
+            guess = flat_file.first_record_guess()
+            follow = None if guess is None else _Follow(offset, guess[0], guess[1])
         batch = None
         if follow is not None and follow.offset == offset:
             batch = await self._read_following(flat_file, offset, count, follow)

@@ -58,7 +58,7 @@ async def test_not_in_disk_reads_cold_exactly_when_the_hot_store_lost_the_offset
         assert store.read_policy is ReadPolicy.NOT_IN_DISK
         assert (await store.get_min_offset(TOPIC, 0), await store.get_max_offset(TOPIC, 0)) == (0, 170)
         assert await _tiers(store, 0) == ["cold"]
-        assert reads.count() == 2
+        assert reads.count() == 1  # the oldest record: read from the commit log's start, no units needed
         reads.clear()
         assert await _tiers(store, low, 5) == ["hot"] * 5
         assert await _tiers(store, 160, 5) == ["hot"] * 5

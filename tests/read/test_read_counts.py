@@ -42,11 +42,11 @@ async def test_sequential_consumer_reads_each_window_once_and_the_consume_queue_
             elapsed = time.perf_counter() - started
     assert served == total
     windows = -(-total // 4096)
-    # Only the first window needs the consume queue: each later one is split out of the commit log
-    # from where the one before ended.
-    assert reads.count(FileType.CONSUME_QUEUE) == 1
+    # No window needs the consume queue: the first starts at the oldest record, at the commit log's
+    # start, and each later one is split out of the commit log from where the one before ended.
+    assert reads.count(FileType.CONSUME_QUEUE) == 0
     assert reads.count(FileType.COMMIT_LOG) == windows
-    assert reads.count() == windows + 1
+    assert reads.count() == windows
     metrics = store.runtime.metrics
     assert metrics.cache_misses._value.get() == windows
     assert metrics.cache_hits._value.get() == total - total // 4096 * 32 - min(total % 4096, 32)
@@ -74,7 +74,7 @@ async def test_read_ahead_is_trimmed_to_read_ahead_size_but_never_below_one_mess
             assert 9 * 1000 < window[3] <= 10_000
             # the next window (offsets 9 to 17) was read ahead in the background from where the first
             # ended, within read_ahead_size too
-            assert prefetched[2] == window[3] and window[3] <= prefetched[3] <= 10_000
+            assert prefetched[2] == sum(map(len, records[:9])) and prefetched[3] <= 10_000
             assert [m.queue_offset for m in first.messages] == [0]
             reads.clear()
             served = await store.get_messages(TOPIC, 0, 1, 8)
@@ -85,3 +85,26 @@ async def test_read_ahead_is_trimmed_to_read_ahead_size_but_never_below_one_mess
             assert big.messages[0].queue_offset == 30
             assert big.messages[0].body == bytes([30]) * 50_000
             assert next(r[3] for r in reads.reads if r[0] is FileType.COMMIT_LOG) == len(big.messages[0].raw)
+
+
+async def test_a_consumer_starting_mid_queue_reads_units_for_its_first_window_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = config_for_backend(
+        tmp_path, ProviderBackend("memory", f"memory://mid-{tmp_path.name}"), read={"read_ahead_count": 100}
+    )
+    with counting_reads(monkeypatch) as reads:
+        async with AsyncTieredMessageStore.open(config, hot=False) as store:
+            records = [make_record(TOPIC, 0, n, body=n.to_bytes(4, "big")) for n in range(1000)]
+            await append_records(store.runtime, TOPIC, 0, records, commit_every=100, index=False)
+            reads.clear()
+            offset, served = 450, []
+            while offset < 1000:
+                result = await store.get_messages(TOPIC, 0, offset, 32)
+                served += [int.from_bytes(m.body, "big") for m in result.messages]
+                offset = result.next_begin_offset
+            await store.fetcher.wait_for_prefetches()
+    assert served == list(range(450, 1000))
+    # [450, 550) by its units, then [550, 650) .. [950, 1000) each from where the one before ended
+    assert reads.count(FileType.CONSUME_QUEUE) == 1
+    assert reads.count(FileType.COMMIT_LOG) == 6

@@ -102,3 +102,27 @@ async def test_expired_segments_go_from_storage_then_metadata_and_min_offsets_mo
     async with AsyncTieredMessageStore.open(config, hot=False) as reopened:
         assert await reopened.get_min_offset("TopicA", 0) == 60
         assert len((await reopened.get_messages("TopicA", 0, 60, 100)).messages) == 40
+
+
+async def test_a_reader_at_the_oldest_record_after_retention_is_served_what_the_consume_queue_says(
+    tmp_path: Path, migrated_metadata_url: str
+) -> None:
+    config = make_config(
+        tmp_path,
+        metadata_url=migrated_metadata_url,
+        segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
+    )
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
+        runtime = store.runtime
+        await asyncio.to_thread(runtime.metadata.get_or_create_topic, "TopicA", reserve_hours=24)
+        records = [make_record("TopicA", 0, n, store_timestamp=_stamp(n), body=bytes([n]) * 40) for n in range(100)]
+        flat = await append_records(runtime, "TopicA", 0, records, commit_every=10, index=False)
+        await apply_retention(runtime, now_ms=NOW)
+        first_kept = (await flat.read_units(60, 1))[0].commitlog_offset
+        # Retention kept commit-log bytes before the oldest record: a reader that looked for it at the
+        # commit log's start finds another record there, and must go by the consume queue.
+        assert flat.min_offset == 60 and flat.commit_log.min_offset < first_kept
+    async with AsyncTieredMessageStore.open(config, hot=False) as reader:
+        result = await reader.get_messages("TopicA", 0, 60, 40)
+        assert [m.queue_offset for m in result.messages] == list(range(60, 100))
+        assert [m.body for m in result.messages] == [bytes([n]) * 40 for n in range(60, 100)]

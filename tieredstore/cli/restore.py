@@ -674,7 +674,10 @@ async def _restore_queue(
         offset = outcome.resumed_at
         # Units are read only where a batch does not follow the one before (the first, after a hole).
         units, units_at = np.empty(0, dtype=UNIT_DTYPE), offset
-        follows: tuple[int, int, float] | None = None  # (queue offset, commit-log offset, mean record size)
+        # (queue offset, commit-log offset, mean record size): where the next batch probably starts; from
+        # the oldest record, most likely the commit log's start (a batch checks its records either way).
+        guess = flat_file.first_record_guess() if offset == flat_file.min_offset else None
+        follows = None if guess is None else (offset, guess[0], guess[1])
         while offset < end:
             if flat_file.next_archived_offset(offset) != offset:
                 # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).

@@ -255,6 +255,19 @@ class FlatMessageFile:
         """Loaded from metadata as recorded (``load``): readable, never written or repaired."""
         return self.consume_queue.read_only
 
+    def first_record_guess(self) -> tuple[int, float] | None:
+        """Where the record at ``min_offset`` most likely lies in the commit log, and the mean record size.
+
+        Without a consume-queue read: a queue's commit log starts with its oldest record unless
+        retention removed its segments differently from the consume queue's. A reader must check the
+        record it finds there (its queue offset) before it trusts the guess. None when nothing is archived.
+        """
+        count = self.archived_offset - self.min_offset
+        log_ = self.commit_log
+        if count <= 0 or log_.commit_offset <= log_.min_offset:
+            return None
+        return log_.min_offset, (log_.commit_offset - log_.min_offset) / count
+
     @property
     def lost_ranges(self) -> list[tuple[int, int]]:
         """[start, end) queue offsets below the archived offset that were skipped, never archived."""
