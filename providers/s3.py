@@ -7,19 +7,18 @@ retried with exponential backoff (tenacity) on 5xx, throttling and connection er
 bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
 place, ``translate_s3_errors``, with its cause chained.
 
-**Two clients.** Object reads (GET) go through a sync botocore client in worker threads: its socket
-reads release the GIL, and a 4 MiB body costs about half the CPU it costs through aiohttp, which hands
-it to the event loop piece by piece (7.6 against 16 ms per GET, measured on moto). Everything else
-(PUT, LIST, DELETE) goes through the aiobotocore client on the event loop. Both share one
-configuration, and the retries and error translation below.
+**Two clients.** Object transfers (GET and PUT) go through a sync botocore client in worker threads:
+socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
+SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
+GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
+piece (7.6 against 16 ms, measured on moto). Listings and deletes go through the aiobotocore client on
+the event loop. Both clients share one configuration, and the retries and error translation below.
 
-Integrity is checked end to end without botocore doing it on the event loop: every PUT carries a
-CRC32 of its body (``x-amz-checksum-crc32``, which S3 verifies before storing anything) and every GET
-asks for the object's stored checksum and compares it with the bytes received, in the reading
-thread (botocore's sync body does it as it reads, where it can; otherwise we do). PUT digests are
-computed here, in a worker thread for large bodies (zlib and hashlib release the GIL), so concurrent
-transfers overlap instead of queueing behind one another's hashing; botocore's own "when_supported"
-checksumming is switched off because it would hash every body a second time on the loop. Over TLS
+Integrity is checked end to end: every PUT carries a CRC32 of its body (``x-amz-checksum-crc32``,
+which S3 verifies before storing anything) and every GET asks for the object's stored checksum and
+compares it with the bytes received, in the transferring thread (botocore's sync body does it as it
+reads, where it can; otherwise we do). botocore's own "when_supported" checksumming is switched off
+because it would hash every body a second time. Over TLS
 the payload is sent unsigned beside its signed CRC32 header (what botocore itself does for uploads
 over https); over plain http botocore still signs the payload's SHA-256, as raw boto3 does.
 
@@ -130,10 +129,6 @@ _CREDENTIAL_QUERY_KEYS = frozenset(
 )
 
 
-# Below this size a digest costs less than handing the buffer to a worker thread and back.
-_OFFLOAD_BYTES = 256 << 10
-
-
 def _crc32(data: bytes | bytearray) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode("ascii")
 
@@ -153,13 +148,6 @@ _RESPONSE_CHECKSUMS: tuple[tuple[str, Callable[[bytes | bytearray], str]], ...] 
     ("ChecksumSHA256", _sha256),
     ("ChecksumSHA1", _sha1),
 )
-
-
-async def _digest(function: Callable[[bytes | bytearray], str], data: bytes | bytearray) -> str:
-    """``function(data)``, in a worker thread when ``data`` is large enough for that to pay."""
-    if len(data) < _OFFLOAD_BYTES:
-        return function(data)
-    return await asyncio.to_thread(function, data)
 
 
 def _stored_checksum(response: Mapping[str, Any]) -> tuple[str, Callable[[bytes | bytearray], str], str] | None:
@@ -472,40 +460,28 @@ class S3ObjectStore(ObjectStore):
 
     async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
         full = self._key(key)
-
-        checksum = await _digest(_crc32, data)
-
-        async def put(client: Any) -> None:
-            await client.put_object(
-                Bucket=self._bucket,
-                Key=full,
-                Body=data,
-                IfNoneMatch="*",
-                **_checksum_arguments(checksum),
-                **self._options.encryption_arguments(),
-            )
-
         try:
-            await self._call(f"conditional put {self._where(full)}", put)
+            await self._put_object(f"conditional put {self._where(full)}", full, data, IfNoneMatch="*")
         except _PreconditionFailed:
             return False
         return True
 
     async def put(self, key: str, data: bytes | bytearray) -> None:
         full = self._key(key)
+        await self._put_object(f"put {self._where(full)}", full, data)
 
-        checksum = await _digest(_crc32, data)
+    async def _put_object(self, what: str, full: str, data: bytes | bytearray, **conditions: str) -> None:
+        """PUT ``data`` with our CRC32 of it, on the sync client in a worker thread: the CRC32 and, over
+        plain http, the SigV4 payload hash are computed there, off the event loop, as the body is sent."""
+        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **self._options.encryption_arguments()}
+        checksum: list[str] = []  # computed on the first attempt, reused by retries
 
-        async def put(client: Any) -> None:
-            await client.put_object(
-                Bucket=self._bucket,
-                Key=full,
-                Body=data,
-                **_checksum_arguments(checksum),
-                **self._options.encryption_arguments(),
-            )
+        def put(client: Any) -> None:
+            if not checksum:
+                checksum.append(_crc32(data))
+            client.put_object(Body=data, **arguments, **_checksum_arguments(checksum[0]))
 
-        await self._call(f"put {self._where(full)}", put)
+        await self._call_in_thread(what, put)
 
     async def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
