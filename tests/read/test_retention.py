@@ -1,4 +1,5 @@
-"""Cold retention: per-topic reserve hours, provider first then DELETED rows, min offsets, index files, dry run."""
+"""Cold retention: per-topic reserve hours, provider first then DELETED rows, min offsets, index files, dry run;
+readers and restores after it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import asyncio
 from pathlib import Path
 
 from tests.read.helpers import BASE_TIMESTAMP, HOUR_MS, append_records, make_config, make_record
+from tieredstore.cli.common import open_read_node
+from tieredstore.cli.restore import HotStoreSink, RestoreRequest, restore_archive
 from tieredstore.fetcher import GetMessageStatus
+from tieredstore.formats.message import decode
 from tieredstore.formats.naming import FileType
+from tieredstore.local import LocalMessageStore
 from tieredstore.metadata import SegmentStatus
 from tieredstore.retention import apply_retention
 from tieredstore.store import AsyncTieredMessageStore
@@ -126,3 +131,32 @@ async def test_a_reader_at_the_oldest_record_after_retention_is_served_what_the_
         result = await reader.get_messages("TopicA", 0, 60, 40)
         assert [m.queue_offset for m in result.messages] == list(range(60, 100))
         assert [m.body for m in result.messages] == [bytes([n]) * 40 for n in range(60, 100)]
+
+
+async def test_a_restore_after_retention_starts_at_the_oldest_record_the_consume_queue_names(
+    tmp_path: Path, migrated_metadata_url: str
+) -> None:
+    config = make_config(
+        tmp_path,
+        metadata_url=migrated_metadata_url,
+        segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
+    )
+    async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
+        runtime = store.runtime
+        await asyncio.to_thread(runtime.metadata.get_or_create_topic, "TopicA", reserve_hours=24)
+        records = [make_record("TopicA", 0, n, store_timestamp=_stamp(n), body=bytes([n]) * 40) for n in range(100)]
+        flat = await append_records(runtime, "TopicA", 0, records, commit_every=10, index=False)
+        await apply_retention(runtime, now_ms=NOW)
+        # the commit log still starts before offset 60's record: a batch read there finds offset 40 or so
+        assert flat.commit_log.min_offset < (await flat.read_units(60, 1))[0].commitlog_offset
+    async with open_read_node(config) as node:
+        sink = HotStoreSink(tmp_path / "restored", node)
+        try:
+            summary = await restore_archive(node, RestoreRequest("TopicA", batch_messages=16), sink)
+        finally:
+            sink.close()
+    assert summary.messages == 40
+    with LocalMessageStore(tmp_path / "restored", read_only=True) as hot:
+        restored = hot.read_messages("TopicA", 0, 60, 100, 1 << 20)
+        assert [m.queue_offset for m in restored] == list(range(60, 100))
+        assert [decode(m.raw).body for m in restored] == [bytes([n]) * 40 for n in range(60, 100)]
