@@ -86,6 +86,7 @@ class FileSegment(abc.ABC):
         max_pending_buffers: int = DEFAULT_MAX_PENDING_BUFFERS,
     ) -> None:
         self.segment_id = segment_id
+        self._key: str | None = None
         self.max_size = max_size if max_size is not None else DEFAULT_MAX_SIZE[segment_id.file_type]
         self.max_pending_buffers = max_pending_buffers
         self._commit_position = commit_position
@@ -152,7 +153,11 @@ class FileSegment(abc.ABC):
 
     @property
     def key(self) -> str:
-        return self.segment_id.key
+        key = self._key
+        if key is None:
+            # Asked for on every read (chunk keys, messages): hashed once, not each time.
+            key = self._key = self.segment_id.key
+        return key
 
     @property
     def commit_position(self) -> int:
