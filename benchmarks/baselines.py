@@ -201,3 +201,53 @@ def raw_s3_ranged_get(
         bytes=received,
         extras={"get_requests": float(len(ranges))},
     )
+
+
+def raw_s3_get_to_files(
+    client: Any, bucket: str, ranges: Sequence[RangedGet], directory: Path, *, items: int | None = None
+) -> Measurement:
+    """GET every range one at a time and append its body to a file per folder of keys, each fsynced when done.
+
+    What a restore must at least do to make the same bytes durable on this disk: the fetch of
+    ``raw_s3_ranged_get`` plus writing them and syncing each file (and the directory) before calling
+    it finished. Ranges of one folder (a queue's commit log) are expected one after another.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    received = 0
+    with stopwatch() as elapsed:
+        fd: int | None = None
+        folder: str | None = None
+        try:
+            for number, ranged in enumerate(ranges):
+                key_folder = ranged.key.rpartition("/")[0]
+                if key_folder != folder:
+                    if fd is not None:
+                        os.fsync(fd)
+                        os.close(fd)
+                    folder = key_folder
+                    fd = os.open(directory / f"{number:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                response = client.get_object(
+                    Bucket=bucket, Key=ranged.key, Range=f"bytes={ranged.start}-{ranged.start + ranged.length - 1}"
+                )
+                body = response["Body"].read()
+                assert fd is not None
+                with memoryview(body) as view:
+                    written = 0
+                    while written < len(view):
+                        written += os.write(fd, view[written:])
+                received += len(body)
+        finally:
+            if fd is not None:
+                os.fsync(fd)
+                os.close(fd)
+        directory_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
+    return Measurement(
+        seconds=elapsed(),
+        items=len(ranges) if items is None else items,
+        bytes=received,
+        extras={"get_requests": float(len(ranges))},
+    )
