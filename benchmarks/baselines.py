@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.harness import Measurement, stopwatch
+from tieredstore.local.mapped_file import fsync_directory
 
 OBJECT_SIZE = 4 << 20
 FsyncPolicy = Literal["none", "periodic", "each", "batched"]
@@ -240,11 +241,7 @@ def raw_s3_get_to_files(
             if fd is not None:
                 os.fsync(fd)
                 os.close(fd)
-        directory_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(directory_fd)
-        finally:
-            os.close(directory_fd)
+        fsync_directory(directory)
     return Measurement(
         seconds=elapsed(),
         items=len(ranges) if items is None else items,
