@@ -123,3 +123,24 @@ def test_put_plain_lines_and_jsonl(posix: Node) -> None:
     assert posix("status", output="json").json()["rows"][0]["hot_max"] == 4  # nothing of the bad input landed
     mixed = posix("put", "Events", "2", "--jsonl", "--tag", "t", input="{}")
     assert mixed.exit_code == 2
+
+
+def test_query_key_finds_what_one_archiver_indexed_on_each_backend_pair(node: Node) -> None:
+    # compose.yaml's way: one archiver, queue leases off also on PostgreSQL, so it writes the key index.
+    node.env["TIEREDSTORE_ARCHIVER__LEASES"] = "false"
+    produce(node, 0, 30)
+    produce(node, 1, 30)
+    archive(node)
+    found = node("query-key", TOPIC, "order-1-7", output="json").json_lines()
+    assert [(m["queue_id"], m["queue_offset"], m["keys"]) for m in found] == [(1, 7, ["order-1-7"])]
+
+
+def test_archivers_sharing_queues_by_lease_say_they_write_no_key_index(node: Node) -> None:
+    # With leases (PostgreSQL's default) the archiver must say so: query-key then finds nothing.
+    node.env["TIEREDSTORE_ARCHIVER__LEASES"] = "true"
+    produce(node, 0, 10)
+    result = node("run", "--once")
+    assert result.exit_code == 0, result.stderr
+    assert "key-index entries are not written while archivers share queues" in result.stderr
+    assert node("query-key", TOPIC, "order-0-7", output="json").stdout == ""
+    assert [m["queue_offset"] for m in node("read", TOPIC, "0", "--offset", "7", output="json").json_lines()] == [7]

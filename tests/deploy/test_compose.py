@@ -46,6 +46,9 @@ def test_archiver_points_at_the_services_compose_defines(monkeypatch: Any) -> No
     assert database.password == pg_env["POSTGRES_PASSWORD"]
     assert database.path.lstrip("/") == pg_env["POSTGRES_DB"]
 
+    # One archiver service, so no queue leases: it writes the key index that query-key reads.
+    assert config.archiver.leases is False
+
     minio_env = services["minio"]["environment"]
     assert config.s3.access_key_id is not None and config.s3.secret_access_key is not None
     assert config.s3.access_key_id.get_secret_value() == minio_env["MINIO_ROOT_USER"]
