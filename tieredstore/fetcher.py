@@ -758,8 +758,15 @@ class MessageFetcher:
         self, topic: str, queue_id: int, offset: int, max_count: int, message_filter: MessageFilter | None
     ) -> GetMessageResult:
         view = await self.offsets(topic, queue_id)
-        if self.read_only_cold and offset >= view.cold_max and await self.refresh_cold(topic, queue_id):
-            view = await self.offsets(topic, queue_id)  # the read reached the view's end: look for later commits
+        if (
+            self.read_only_cold
+            and offset >= view.cold_max
+            and self._cold_first(topic, queue_id, offset, view)
+            and await self.refresh_cold(topic, queue_id)
+        ):
+            # The read reached the view's end: look for later commits. Not when the policy serves the offset
+            # from the hot store anyway: a consumer reading recent messages would query metadata every call.
+            view = await self.offsets(topic, queue_id)
 
         def result(
             status: GetMessageStatus, next_offset: int, messages: list[FetchedMessage] | None = None
@@ -793,19 +800,25 @@ class MessageFetcher:
 
     def _tier_order(self, topic: str, queue_id: int, offset: int, view: QueueOffsets) -> list[Tier]:
         """The tiers to try for ``offset``, in order, among those that hold it."""
-        policy = self.read_policy
         hot_has, cold_has = view.hot_has(offset), view.cold_has(offset)
-        if policy is ReadPolicy.DISABLE:
+        if self.read_policy is ReadPolicy.DISABLE:
             order: list[Tier] = ["hot"]
-        elif (
-            policy is ReadPolicy.FORCE
-            or not hot_has
-            or (policy is ReadPolicy.NOT_IN_MEM and not self._hot_in_memory(topic, queue_id, offset))
-        ):
+        elif self._cold_first(topic, queue_id, offset, view):
             order = ["cold", "hot"]
         else:
             order = ["hot", "cold"]
         return [tier for tier in order if (hot_has if tier == "hot" else cold_has)]
+
+    def _cold_first(self, topic: str, queue_id: int, offset: int, view: QueueOffsets) -> bool:
+        """Whether the policy reads ``offset`` from cold storage before the hot store (were it in both)."""
+        policy = self.read_policy
+        if policy is ReadPolicy.DISABLE:
+            return False
+        return (
+            policy is ReadPolicy.FORCE
+            or not view.hot_has(offset)
+            or (policy is ReadPolicy.NOT_IN_MEM and not self._hot_in_memory(topic, queue_id, offset))
+        )
 
     def _hot_in_memory(self, topic: str, queue_id: int, offset: int) -> bool:
         assert self.hot is not None

@@ -106,3 +106,35 @@ async def test_a_producer_facade_beside_the_archiver_never_writes_cold_storage_o
             await producer.runtime.index.maintain()
     assert cold_listing(cold_dir) == before, "the facade changed cold storage"
     assert in_progress.read_bytes() == b"half a compaction", "the facade touched the archiver's index directory"
+
+
+async def test_an_application_reading_recent_messages_from_the_hot_store_queries_no_metadata(
+    tmp_path: Path,
+) -> None:
+    """Its cold views are refreshed only where the policy would read cold storage: a consumer reading what the
+    hot store holds paid a metadata query (two segment listings) on every call, ~6x its hot read."""
+    from sqlalchemy import event
+
+    config = make_config(tmp_path / "node")
+    async with AsyncTieredMessageStore.open(config, owns_cold=True) as archiver:
+        for n in range(40):
+            await archiver.put_message(TOPIC, 0, f"old {n}".encode())
+        await archive_hot(archiver.runtime, TOPIC, 0)
+    async with AsyncTieredMessageStore.open(config) as app:  # the application: hot store, read-only cold views
+        for n in range(40, 100):
+            await app.put_message(TOPIC, 0, f"new {n}".encode())
+        first = await app.get_messages(TOPIC, 0, 0, max_count=10)  # opens the queue's cold view
+        assert [m.queue_offset for m in first.messages] == list(range(10))
+        assert (await app.fetcher.offsets(TOPIC, 0)).cold_max == 40
+        statements: list[str] = []
+        event.listen(app.runtime.metadata.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+        offset, served = 40, []
+        while offset < 100:
+            result = await app.get_messages(TOPIC, 0, offset, max_count=7)
+            served += [(m.queue_offset, m.tier) for m in result.messages]
+            offset = result.next_begin_offset
+        assert served == [(n, "hot") for n in range(40, 100)]
+        assert statements == []
+        # Where the policy reads cold storage, the view still looks for later commits at its end.
+        assert (await app.get_messages(TOPIC, 0, 100)).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+        assert statements != []
