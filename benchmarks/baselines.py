@@ -183,16 +183,21 @@ class RangedGet:
     length: int
 
 
+def _get_body(client: Any, bucket: str, ranged: RangedGet) -> bytes:
+    """One ranged ``get_object``, its body read whole."""
+    response = client.get_object(
+        Bucket=bucket, Key=ranged.key, Range=f"bytes={ranged.start}-{ranged.start + ranged.length - 1}"
+    )
+    return bytes(response["Body"].read())
+
+
 def raw_s3_ranged_get(
     client: Any, bucket: str, ranges: Sequence[RangedGet], *, concurrency: int, items: int | None = None
 ) -> Measurement:
     """GET every range with ``concurrency`` threads, reading each body fully."""
 
     def get(ranged: RangedGet) -> int:
-        response = client.get_object(
-            Bucket=bucket, Key=ranged.key, Range=f"bytes={ranged.start}-{ranged.start + ranged.length - 1}"
-        )
-        return len(response["Body"].read())
+        return len(_get_body(client, bucket, ranged))
 
     with stopwatch() as elapsed, ThreadPoolExecutor(max_workers=concurrency) as pool:
         received = sum(pool.map(get, ranges))
@@ -227,10 +232,7 @@ def raw_s3_get_to_files(
                         os.close(fd)
                     folder = key_folder
                     fd = os.open(directory / f"{number:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                response = client.get_object(
-                    Bucket=bucket, Key=ranged.key, Range=f"bytes={ranged.start}-{ranged.start + ranged.length - 1}"
-                )
-                body = response["Body"].read()
+                body = _get_body(client, bucket, ranged)
                 assert fd is not None
                 with memoryview(body) as view:
                     written = 0

@@ -104,8 +104,7 @@ def restore_s3(ctx: BenchmarkContext) -> None:
             return Measurement(seconds=fetched.seconds, items=messages, bytes=fetched.bytes, extras=fetched.extras)
 
         def raw_durable(directory: Path) -> Measurement:
-            fetched = raw_s3_get_to_files(client, bucket, objects, directory / "raw", items=messages)
-            return Measurement(seconds=fetched.seconds, items=messages, bytes=fetched.bytes, extras=fetched.extras)
+            return raw_s3_get_to_files(client, bucket, objects, directory / "raw", items=messages)
 
         ours_contender = Contender("tieredstore restore --to-store (own process)", ours)
         ctx.compare(
