@@ -299,6 +299,30 @@ async def test_restart_keeps_the_unsealed_file_and_appends_to_it(tmp_path: Path)
     await restarted.close()
 
 
+async def test_a_crash_while_a_new_file_is_created_leaves_nothing_a_restart_cannot_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the new file was sized and before its header was written: the restart forgets the file
+    (its record is written first) instead of refusing to start on an all-zero file."""
+    messages, provider = Messages(), CountingProvider()
+    service = await _service(tmp_path, provider)
+
+    def killed(_header: object) -> bytes:
+        raise OSError("killed before the header was written")
+
+    monkeypatch.setattr("tieredstore.index.file.UnsealedHeader.encode", killed)
+    with pytest.raises(OSError, match="killed"):
+        await service.put([messages.entry(0, T0, "k")])  # the first put creates the first file
+    monkeypatch.undo()
+    # the process dies here: no close()
+    restarted = await _service(tmp_path, provider)
+    assert restarted.files() == []
+    assert not list((tmp_path / "index").glob("*.tmp"))
+    await restarted.put([messages.entry(0, T0, "k"), messages.entry(1, T0 + 1, "k")])
+    assert await _query(restarted, messages, "k") == [1, 0]
+    await restarted.close()
+
+
 async def test_an_old_file_is_sealed_and_uploaded(tmp_path: Path) -> None:
     messages, provider, clock = Messages(), CountingProvider(), Clock()
     service = await _service(tmp_path, provider, clock=clock, settings=_settings(max_items=100))

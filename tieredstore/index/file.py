@@ -90,7 +90,12 @@ class UnsealedIndexFile:
         slot_count: int,
         max_items: int,
     ) -> UnsealedIndexFile:
-        """A new empty file (it must not exist); durable, with its directory entry, before it returns."""
+        """A new empty file (it must not exist); durable, with its directory entry, before it returns.
+
+        It is sized and given its header under ``<name>.tmp``, then renamed: a crash in between leaves
+        no file by the final name (the service forgets a record whose file never appeared, and removes
+        ``*.tmp`` files at start), never an all-zero file that no restart could open.
+        """
         header = UnsealedHeader(
             file_id=file_id,
             created_at=created_at,
@@ -98,16 +103,23 @@ class UnsealedIndexFile:
             slot_count=slot_count,
             max_items=max_items,
         )
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        if path.exists():
+            raise FileExistsError(f"index file {path} already exists")
+        temp_path = path.with_name(path.name + ".tmp")
+        fd = os.open(temp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        mapped: mmap.mmap | None = None
         try:
             os.ftruncate(fd, header.file_size)
             mapped = mmap.mmap(fd, header.file_size)
+            mapped[:HEADER_SIZE] = header.encode()
+            mapped.flush()
+            os.replace(temp_path, path)
         except BaseException:
+            if mapped is not None:
+                mapped.close()
             os.close(fd)
-            path.unlink(missing_ok=True)
+            temp_path.unlink(missing_ok=True)
             raise
-        mapped[:HEADER_SIZE] = header.encode()
-        mapped.flush()
         fsync_directory(path.parent)
         return cls(path, fd, mapped, header, writable=True)
 
