@@ -443,6 +443,11 @@ class Dispatcher:
                 oldest = self.hot.store_timestamp(topic, queue_id, max(next_offset, hot_min))
             except NotFoundError:
                 oldest = None
+            except (TieredStoreError, OSError):
+                # A record whose timestamp cannot be read now (a follower just after the writer restarted):
+                # make the queue due, so that its batch read reports the error and backs the queue off, as
+                # for any hot-side failure, instead of the scan ending the process.
+                oldest = 0
         return HotView(hot_min, hot_max, oldest)
 
     async def _dispatch_due(self, *, force: bool) -> list[asyncio.Task[None]]:

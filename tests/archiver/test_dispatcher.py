@@ -262,6 +262,28 @@ async def test_a_failing_hot_read_backs_off_that_queue_without_blocking_the_othe
     assert archive.metrics.registry.get_sample_value("tieredstore_cold_storage_up") != 0
 
 
+async def test_a_timestamp_the_hot_store_cannot_read_does_not_end_the_scan(archive: Archive) -> None:
+    """The scan reads each queue's oldest pending STORETIMESTAMP to time its flush; a record that does not
+    check out there (a follower just after the writer restarted) made the whole archiver process exit.
+    The queue is made due instead, so that its batch read deals with it like any hot-side failure."""
+    dispatcher = archive.dispatcher(group_commit_count=4096, group_commit_timeout=3600)
+    archive.put("Orders", 0, 3)
+    store_timestamp = archive.hot.store_timestamp
+    failures_left = [1]
+
+    def unreadable(topic: str, queue_id: int, queue_offset: int) -> int:
+        if failures_left[0]:
+            failures_left[0] -= 1
+            raise CorruptRecordError("6 bytes are too few for a record's SYSFLAG", offset=0)
+        return store_timestamp(topic, queue_id, queue_offset)
+
+    archive.hot.store_timestamp = unreadable  # type: ignore[method-assign]
+    # Not due by count (3 of 4096) nor by time (an hour): archived at once only because the timestamp failed.
+    assert await dispatcher.scan() == 3
+    assert failures_left == [0] and archive.archived("Orders", 0) == 3
+    assert await archive.check("Orders", 0) == []
+
+
 @pytest.mark.parametrize("opening", ["fails", "succeeds"])
 async def test_a_queue_lost_while_its_cold_queue_opens_is_let_go(archive: Archive, opening: str) -> None:
     # A lease round can find a queue lost (and unload it) while its cold queue is still opening.

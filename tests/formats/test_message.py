@@ -91,6 +91,14 @@ def test_java_record_zero_decodes_to_every_documented_field(java_log: bytes) -> 
     assert store_timestamp_of(java_log, 0) == 1551613204834
 
 
+@pytest.mark.parametrize("length", [0, 39, 63])
+def test_a_record_cut_short_has_no_store_timestamp_but_a_typed_error(java_log: bytes, length: int) -> None:
+    # 40 bytes hold SYSFLAG, 64 the (IPv4) STORETIMESTAMP: what a follower may see just after a writer restart
+    with pytest.raises(CorruptRecordError, match="too few"):
+        store_timestamp_of(java_log[:length])
+    assert store_timestamp_of(java_log[:64]) == 1551613204834
+
+
 def test_java_fixture_has_47_records_then_the_blank(java_log: bytes) -> None:
     records = list(iter_records(java_log))
     assert len(records) == 47

@@ -521,10 +521,18 @@ def rewrite_physical_offset(raw: bytes, offset: int) -> bytes:
 
 
 def store_timestamp_of(raw: bytes | memoryview, pos: int = 0) -> int:
-    """STORETIMESTAMP of the record at ``pos`` without decoding the rest."""
+    """STORETIMESTAMP of the record at ``pos`` without decoding the rest.
+
+    A buffer that ends before the field (a record not, or no longer, where its unit says) is a
+    CorruptRecordError, like any other record that does not check out.
+    """
+    if len(raw) < pos + POS_SYSFLAG + 4:
+        raise CorruptRecordError(f"{len(raw) - pos} bytes are too few for a record's SYSFLAG", offset=pos)
     (sysflag,) = struct.unpack_from(">i", raw, pos + POS_SYSFLAG)
-    born_len = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
-    (ts,) = struct.unpack_from(">q", raw, pos + POS_BORN_HOST + born_len)
+    at = pos + POS_BORN_HOST + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8)
+    if len(raw) < at + 8:
+        raise CorruptRecordError(f"{len(raw) - pos} bytes are too few for a record's STORETIMESTAMP", offset=pos)
+    (ts,) = struct.unpack_from(">q", raw, at)
     return int(ts)
 
 
