@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import logging
 import threading
-import zlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, cast
@@ -61,6 +60,7 @@ from tieredstore.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from tieredstore.formats.checksum import crc32
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
 from tieredstore.providers.paths import check_logical_path
 
@@ -130,7 +130,7 @@ _CREDENTIAL_QUERY_KEYS = frozenset(
 
 
 def _crc32(data: bytes | bytearray) -> str:
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode("ascii")
+    return base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")
 
 
 def _sha1(data: bytes | bytearray) -> str:

@@ -32,7 +32,7 @@ other window (a reader's first, or one after a jump) reads its consume-queue uni
 commit log they point at; so does a following window whose records do not check out (offsets lost in
 between, damage), so that the consume queue has the last word. Each record is checked once, when the
 window is read (``check_window``: size, magic, lengths, body CRC, topic, queue id and queue offset,
-all records at once with numpy, one ``zlib.crc32`` per body). A record that fails keeps its
+all records at once with numpy, one ``crc32`` per body). A record that fails keeps its
 ``CorruptRecordError`` naming its topic, queue and offset, raised to whoever asks for that offset;
 a corrupt record further ahead does not fail an earlier batch. Serving is slicing only.
 
@@ -80,7 +80,6 @@ import math
 import os
 import struct
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,6 +102,7 @@ from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.arrays import BODY_LEN_AFTER_HOSTS, RECORD_HEAD_DTYPE, UNIT_DTYPE, as_values, gather_rows
+from tieredstore.formats.checksum import crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -347,7 +347,7 @@ def _suspect_records(
     """Indexes of the records that may fail ``verify_served``: never fewer than do (it may flag more).
 
     Each check of ``verify_served``/``verify_record`` is made for all records at once on their fixed
-    fields and on the length fields they locate; the body CRC is one ``zlib.crc32`` per record.
+    fields and on the length fields they locate; the body CRC is one ``crc32`` per record.
     """
     count = len(begins)
     length = len(data)
@@ -394,7 +394,6 @@ def _suspect_records(
     checked = np.flatnonzero(ok)
     body_starts = (base + body_at)[checked]
     view = memoryview(data)
-    crc32 = zlib.crc32
     computed = [
         crc32(view[start:stop]) & 0x7FFFFFFF
         for start, stop in zip(body_starts.tolist(), (body_starts + body_len[checked]).tolist(), strict=True)
@@ -1240,7 +1239,7 @@ def verify_served(topic: str, queue_id: int, queue_offset: int, raw: bytes, unit
         fields = verify_record(raw, check_crc=False)
     except CorruptRecordError as exc:
         raise corrupt(str(exc)) from exc
-    computed = zlib.crc32(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len]) & 0x7FFFFFFF
+    computed = crc32(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len]) & 0x7FFFFFFF
     if computed != fields.body_crc:
         raise corrupt(f"body CRC mismatch: stored {fields.body_crc}, computed {computed}")
     topic_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]

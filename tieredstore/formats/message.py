@@ -16,12 +16,12 @@ import functools
 import ipaddress
 import socket
 import struct
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
+from tieredstore.formats.checksum import body_crc, crc32
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -51,11 +51,6 @@ POS_BORN_HOST = 48
 HEADER_PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
 MIN_RECORD_SIZE = 48 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 BLANK_HEADER = struct.Struct(">iI")
-
-
-def body_crc(body: bytes) -> int:
-    """CRC32 of the body with the sign bit cleared, as RocketMQ stores it."""
-    return zlib.crc32(body) & 0x7FFFFFFF
 
 
 def java_string_hash(text: str) -> int:
@@ -444,7 +439,7 @@ def verify_record(
     if props_len < 0 or cur + props_len != end:
         raise corrupt(f"properties length {props_len} does not end at the record size {total}")
     if check_crc:
-        computed = zlib.crc32(memoryview(buf)[body_at : body_at + body_len]) & 0x7FFFFFFF
+        computed = crc32(memoryview(buf)[body_at : body_at + body_len]) & 0x7FFFFFFF
         if computed != crc:
             raise corrupt(f"body CRC mismatch: stored {crc}, computed {computed}")
     return RecordFields(

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import mmap
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.formats.checksum import crc32
 from tieredstore.formats.message import java_string_hash
 
 UNSEALED_MAGIC = 0x54534958  # "TSIX"
@@ -86,7 +86,7 @@ def slot_of(hash_value: int, slot_count: int) -> int:
 
 
 def _crc(data: ReadableBuffer) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return crc32(data) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)

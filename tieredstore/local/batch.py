@@ -17,7 +17,6 @@ threads, and an mmap with exported buffers cannot be closed. Slices of an mmap a
 from __future__ import annotations
 
 import mmap
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +26,7 @@ import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.arrays import UNIT_DTYPE, as_values, gather_rows, head_dtype_with_hosts
+from tieredstore.formats.checksum import crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -384,7 +384,6 @@ def _crc_mismatch(batch: HotBatch, body_at: Int64Array, body_length: Int64Array,
     crcs = batch.heads["body_crc"][:checked].astype(np.int64).tolist()
     begins = (batch.starts[:checked] + body_at[:checked]).tolist()
     ends = (batch.starts[:checked] + body_at[:checked] + body_length[:checked]).tolist()
-    crc32 = zlib.crc32
     with memoryview(batch.data) as view:
         for index, (begin, end, crc) in enumerate(zip(begins, ends, crcs, strict=True)):
             if crc32(view[begin:end]) & 0x7FFFFFFF != crc:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tieredstore.formats.checksum import crc32
 from tieredstore.local.mapped_file import fsync_directory
 
 CHECKPOINT_FILE_SIZE = 4096
@@ -35,7 +35,7 @@ class Checkpoint:
         fields = _FIELDS.pack(
             self.physic_timestamp, self.logics_timestamp, self.index_timestamp, 0, self.confirmed_offset
         )
-        raw = fields + _CRC.pack(zlib.crc32(fields))
+        raw = fields + _CRC.pack(crc32(fields))
         return raw + bytes(CHECKPOINT_FILE_SIZE - len(raw))
 
     @classmethod
@@ -48,7 +48,7 @@ class Checkpoint:
         if len(raw) < _FIELDS.size + _CRC.size:
             return None
         (crc,) = _CRC.unpack_from(raw, _FIELDS.size)
-        if crc != zlib.crc32(raw[: _FIELDS.size]):
+        if crc != crc32(raw[: _FIELDS.size]):
             return None
         physic, logics, index, _master_flushed, confirmed = _FIELDS.unpack_from(raw)
         return cls(physic, logics, index, confirmed)

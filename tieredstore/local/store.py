@@ -16,7 +16,6 @@ import shutil
 import struct
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from tieredstore.errors import (
     ValidationError,
 )
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
+from tieredstore.formats.checksum import crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -639,7 +639,7 @@ class LocalMessageStore:
                 tail, tag_code = layout.empty_tail, 0
             size = layout.fixed_size + len(body) + len(tail)
             total += size
-            batch.append((topic, queue_id, layout, body, tail, tag_code, size, zlib.crc32(body) & 0x7FFFFFFF))
+            batch.append((topic, queue_id, layout, body, tail, tag_code, size, crc32(body) & 0x7FFFFFFF))
         if not batch:
             return []
         results = self._append_batch(batch, total)
@@ -690,7 +690,7 @@ class LocalMessageStore:
         """Write one validated record and its unit under the put lock; the common case touches no file metadata."""
         body_size = len(body)
         size = layout.fixed_size + body_size + len(tail)
-        crc = zlib.crc32(body) & 0x7FFFFFFF
+        crc = crc32(body) & 0x7FFFFFFF
         now = int(time.time() * 1000)
         log_ = self._commit_log
         with self._put_lock:
@@ -893,7 +893,6 @@ class LocalMessageStore:
         body_ats = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize).tolist()
         # A suspect's body may run anywhere: its CRC is taken by the per-record check.
         body_ends = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize + np.where(suspect, 0, body_len)).tolist()
-        crc32 = zlib.crc32
         with memoryview(data) as view:
             computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
         suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["body_crc"]
