@@ -210,3 +210,20 @@ def test_what_a_restore_keeps_in_memory_does_not_grow_with_the_messages_restored
         assert target.max_offset(TOPIC, 0) == 6000
     # 5,000 more messages: one list slot and int kept per message would be 200 KB (measured ~12 KB without).
     assert held - warm < 64 << 10
+
+
+def test_batches_of_changing_sizes_each_land_as_given(tmp_path: Path) -> None:
+    """The store patches each run in one reused buffer: a batch after a bigger one gets none of its bytes."""
+    config = small_config(commit_log_file_size=1 << 20)
+    records = produce(tmp_path / "source", config, 90)
+    with LocalMessageStore(tmp_path / "target", config=config) as target:
+        target.put_message("Other", 0, b"x" * 5000)  # every record lands at another PHYSICALOFFSET
+        for begin, end in [(0, 10), (10, 70), (70, 75), (75, 90)]:
+            batch = records[begin:end]
+            target.restore_messages(TOPIC, 0, JoinedRecords(b"".join(batch), [len(r) for r in batch]))
+        restored = read_all(target)
+        assert list(restored) == list(range(90))
+        for offset, raw in restored.items():
+            assert len(raw) == len(records[offset])
+            assert without_physical_offset(raw) == without_physical_offset(records[offset])
+            assert decode(raw).physical_offset == target.cq_unit(TOPIC, 0, offset).commitlog_offset

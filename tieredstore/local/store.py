@@ -147,10 +147,11 @@ class _Restorable(NamedTuple):
 
     data: bytes
     sizes: list[int]
+    size_array: npt.NDArray[np.int64]
     starts: npt.NDArray[np.int64]
     first_offset: int
-    tag_hashes: list[int]
-    store_timestamps: list[int]
+    tag_hashes: npt.NDArray[np.int64]
+    store_timestamps: npt.NDArray[np.int64]
     total: int
 
 
@@ -192,7 +193,13 @@ class _RestoredResults(Sequence[PutResult]):
     __slots__ = ("_first", "_positions", "_queue_id", "_sizes", "_stamps", "_topic")
 
     def __init__(
-        self, topic: str, queue_id: int, first: int, positions: list[int], sizes: list[int], stamps: list[int]
+        self,
+        topic: str,
+        queue_id: int,
+        first: int,
+        positions: list[int],
+        sizes: list[int],
+        stamps: npt.NDArray[np.int64],
     ) -> None:
         self._topic, self._queue_id, self._first = topic, queue_id, first
         self._positions, self._sizes, self._stamps = positions, sizes, stamps
@@ -211,7 +218,7 @@ class _RestoredResults(Sequence[PutResult]):
             return [self[i] for i in range(len(self))[index]]
         at = range(len(self))[index]  # IndexError outside, negative indexes from the end
         return PutResult(
-            self._topic, self._queue_id, self._first + at, self._positions[at], self._sizes[at], self._stamps[at]
+            self._topic, self._queue_id, self._first + at, self._positions[at], self._sizes[at], int(self._stamps[at])
         )
 
     def __iter__(self) -> Iterator[PutResult]:
@@ -287,6 +294,9 @@ class LocalMessageStore:
         self._max_message_size = self.config.max_message_size
         self._layouts: dict[str, RecordLayout] = {}
         self._put_lock = threading.Lock()
+        # Where a restore patches a run of records before writing it: reused, so a bulk restore does not
+        # fault in a fresh 16 MiB buffer per batch (measured: that was ~15% of a 1M-message restore).
+        self._restore_buffer = bytearray()
         self._flush_lock = threading.Lock()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._last_store_timestamp = 0
@@ -544,6 +554,7 @@ class LocalMessageStore:
             return
         self._closed = True
         self._put_refusal = "the hot store is closed"
+        self._restore_buffer = bytearray()
         if self._flusher is not None:
             self._flusher.stop()
             with self._put_lock:
@@ -896,9 +907,9 @@ class LocalMessageStore:
         with memoryview(data) as view:
             computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
         suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["body_crc"]
-        queue_offsets = heads["queue_offset"].tolist()
-        stamps = heads["store_timestamp"].tolist()
-        tag_hashes = [0] * count
+        queue_offsets = heads["queue_offset"].astype(np.int64)
+        stamps = heads["store_timestamp"].astype(np.int64)
+        tag_hashes = np.zeros(count, dtype=np.int64)
         ends = (starts + sizes).tolist()
         # In order, so that the first broken record is the one reported.
         for index in np.flatnonzero(suspect).tolist():
@@ -912,15 +923,15 @@ class LocalMessageStore:
             if data.find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
                 properties = bytes(data[props_ats[index] : ends[index]])
                 tag_hashes[index] = _restore_tag_hash(decode_properties(properties).get(PROPERTY_TAGS))
-        first = queue_offsets[0]
-        jumps = np.flatnonzero(np.array(queue_offsets, dtype=np.int64) != first + np.arange(count))
+        first = int(queue_offsets[0])
+        jumps = np.flatnonzero(queue_offsets != first + np.arange(count))
         if len(jumps):
             index = int(jumps[0])
             raise ValidationError(
                 f"restored records of {topic}/{queue_id} must have consecutive queue offsets: "
                 f"{queue_offsets[index]} follows {first + index - 1}"
             )
-        return _Restorable(data, list(record_sizes), starts, first, tag_hashes, stamps, len(data))
+        return _Restorable(data, list(record_sizes), sizes, starts, first, tag_hashes, stamps, len(data))
 
     def _restorable_one(self, topic: str, topic_raw: bytes, queue_id: int, raw: bytes) -> RecordFields:
         """One record checked on its own, every rule in turn: the errors a bad record of a restore gets."""
@@ -963,8 +974,9 @@ class LocalMessageStore:
         positions = np.array(plan.positions, dtype=np.int64)
         physical = positions.astype(">i8").view(np.uint8).reshape(len(sizes), 8)
         # Records are laid back to back except where a blank ends a file: one write per run. PHYSICALOFFSET
-        # becomes where each record lands here, patched in a copy of the run (the caller's buffer stays as
-        # it was), which goes to the file through its descriptor: the kernel's copy runs without the GIL.
+        # becomes where each record lands here, patched in a copy of the run in the store's reused buffer
+        # (the caller's stays as it was), which goes to the file through its descriptor: the kernel's copy
+        # runs without the GIL.
         breaks = np.flatnonzero(np.diff(positions) != np.diff(starts)) + 1
         bounds = [0, *breaks.tolist(), len(sizes)]
         with memoryview(batch.data) as view:
@@ -974,27 +986,34 @@ class LocalMessageStore:
                 offset = int(positions[low])
                 file = log_.file_for(offset)
                 assert file is not None and offset + length <= file.end_offset
-                run = bytearray(view[source : source + length])
+                run = self._restore_scratch(length)
+                run[:] = view[source : source + length]
                 patched = np.frombuffer(run, dtype=np.uint8)
                 patched[(starts[low:high] - source + POS_PHYSICAL_OFFSET)[:, None] + np.arange(8)] = physical[low:high]
                 file.write_through(offset - file.start_offset, run)
         offsets = plan.positions
         tags = batch.tag_hashes[begin:end]
         first = batch.first_offset + begin
-        self._last_store_timestamp = max(self._last_store_timestamp, max(batch.store_timestamps[begin:end]))
+        self._last_store_timestamp = max(self._last_store_timestamp, int(batch.store_timestamps[begin:end].max()))
         # As in _put: records are published before the units that point at them.
         log_.write_offset = plan.end_offset
         if reserve_units:
             units = np.empty(len(sizes), dtype=UNIT_DTYPE)
-            units["commitlog_offset"], units["size"], units["tag_hash"] = positions, sizes, tags
+            units["commitlog_offset"], units["size"], units["tag_hash"] = positions, batch.size_array[begin:end], tags
             queue.append_unit_array(units)
         else:
-            for index, (offset, size, tag) in enumerate(zip(offsets, sizes, tags, strict=True)):
+            for index, (offset, size, tag) in enumerate(zip(offsets, sizes, tags.tolist(), strict=True)):
                 queue.append(ConsumeQueueUnit(offset, size, tag), first + index)
         queue.release_pages(first, first + len(sizes))
         self._dispatched_offset = plan.end_offset
         self._unit_count += len(sizes)
         return offsets
+
+    def _restore_scratch(self, length: int) -> memoryview:
+        """``length`` bytes of the reused restore buffer, grown when too small (the caller holds _put_lock)."""
+        if len(self._restore_buffer) < length:
+            self._restore_buffer = bytearray(length)
+        return memoryview(self._restore_buffer)[:length]
 
     def _check_disk(self, incoming: int, now_ms: int | None = None) -> None:
         cap = self.config.hot_disk_max_bytes
