@@ -356,9 +356,48 @@ class MetadataStore:
         """From now on every queue-position update names the epoch ``fence`` says this process holds.
 
         An archiver holding leases installs its lease table here, so that writers that know nothing
-        of leases (the flat files record their own positions) are fenced all the same.
+        of leases (the flat files record their own positions) are fenced all the same. Segment changes
+        that name their ``queue`` (add, update, delete) are fenced too, in their own transaction.
         """
         self._epoch_fence = fence
+
+    def _require_lease(self, session: Session, queue: QueueKey | None) -> None:
+        """Raise LeaseLostError unless ``queue`` is still at the lease epoch the installed fence says we hold.
+
+        A no-op without a fence or a queue. The queue row is locked (PostgreSQL) until the transaction
+        ends, so a takeover, which bumps the epoch, waits for the change being fenced or sees it done.
+        """
+        if queue is None or self._epoch_fence is None:
+            return
+        topic, queue_id = queue
+        expected = self._epoch_fence(topic, queue_id)
+        statement = (
+            select(Queue.epoch, Queue.owner)
+            .join(Topic, Topic.id == Queue.topic_id)
+            .where(Topic.name == topic, Queue.queue_id == queue_id)
+        )
+        if self.dialect == "postgresql":
+            statement = statement.with_for_update(of=Queue)
+        found = session.execute(statement).one_or_none()
+        if found is None:
+            raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+        epoch, owner = found
+        if epoch != expected:
+            raise LeaseLostError(
+                f"queue {topic}/{queue_id} is at lease epoch {epoch} (owner {owner}), not {expected}: "
+                "another archiver took it over; its segments were not changed"
+            )
+
+    def check_lease(self, queue: QueueKey) -> None:
+        """LeaseLostError unless the installed fence's epoch for ``queue`` is still current (no-op without one).
+
+        For a storage change that must not happen once another archiver owns the queue (deleting or
+        cutting objects): checked just before it, since storage cannot join a metadata transaction.
+        """
+        if self._epoch_fence is None:
+            return
+        with self._writing("check a lease") as session:
+            self._require_lease(session, queue)
 
     def limit_idle_transactions(self, seconds: float | None) -> None:
         """Have PostgreSQL end any transaction of this store that waits on this process for ``seconds``.
@@ -786,16 +825,18 @@ class MetadataStore:
         *,
         begin_timestamp: int | None = None,
         created_timestamp: int | None = None,
+        queue: QueueKey | None = None,
     ) -> SegmentRecord:
         """Record a NEW, empty segment (before any byte is written to it).
 
         A DELETED row with the same key is reused: after orphan removal a segment can be created
-        again at the offset of one that was removed.
+        again at the offset of one that was removed. With ``queue``, fenced by the installed epoch fence.
         """
         kind = _file_type(file_type)
         _check_offset("base offset", base_offset)
         stamp = created_timestamp if created_timestamp is not None else now_ms()
         with self._writing("add a segment") as session:
+            self._require_lease(session, queue)
             row = session.scalar(self._segment_query(path, kind, base_offset))
             if row is not None and row.status != SegmentStatus.DELETED:
                 raise ValidationError(
@@ -826,8 +867,10 @@ class MetadataStore:
                 raise NotFoundError(f"segment {path}/{file_type}@{base_offset} is not in the metadata store")
             return _segment_record(row)
 
-    def update_segment(self, change: SegmentUpdate) -> SegmentRecord:
+    def update_segment(self, change: SegmentUpdate, *, queue: QueueKey | None = None) -> SegmentRecord:
+        """Apply ``change`` to its segment row; with ``queue``, fenced by the installed epoch fence."""
         with self._writing("update a segment") as session:
+            self._require_lease(session, queue)
             return self._apply_segment_update(session, change)
 
     def _apply_segment_update(self, session: Session, change: SegmentUpdate) -> SegmentRecord:
@@ -876,9 +919,10 @@ class MetadataStore:
                 grouped.setdefault((row.path, row.file_type), []).append(_segment_record(row))
         return grouped
 
-    def delete_segment(self, path: str, file_type: str, base_offset: int) -> None:
-        """Forget a segment row entirely (used for orphans that never held archived data)."""
+    def delete_segment(self, path: str, file_type: str, base_offset: int, *, queue: QueueKey | None = None) -> None:
+        """Forget a segment row entirely (used for orphans that never held archived data); ``queue`` fences it."""
         with self._writing("delete a segment") as session:
+            self._require_lease(session, queue)
             session.execute(
                 delete(Segment).where(
                     Segment.path == path,

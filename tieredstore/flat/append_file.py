@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
+from tieredstore.metadata import MetadataStore, QueueKey, SegmentRecord, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import DEFAULT_MAX_SIZE, AppendResult, FileSegment, Provider
 
 Clock = Callable[[], int]
@@ -56,11 +56,14 @@ class FlatAppendFile:
         initial_offset: int = 0,
         commit_before: FlatAppendFile | None = None,
         clock: Clock = wall_clock_ms,
+        queue: QueueKey | None = None,
     ) -> None:
         self.provider = provider
         self.metadata = metadata
         self.path = path
         self.file_type = file_type
+        # The queue whose lease (if the metadata store has an epoch fence) every segment change needs.
+        self.queue = queue
         self.max_segment_size = max_segment_size
         self.commit_before = commit_before
         self.clock = clock
@@ -241,6 +244,7 @@ class FlatAppendFile:
                 end_timestamp=segment.max_timestamp,
                 sealed_timestamp=self.clock(),
             ),
+            queue=self.queue,
         )
         self._recorded_sizes[segment.base_offset] = segment.commit_position
 
@@ -271,7 +275,12 @@ class FlatAppendFile:
 
     async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
         await asyncio.to_thread(
-            self.metadata.add_segment, self.path, self.file_type, base_offset, begin_timestamp=timestamp
+            self.metadata.add_segment,
+            self.path,
+            self.file_type,
+            base_offset,
+            begin_timestamp=timestamp,
+            queue=self.queue,
         )
         segment = self.provider.segment(self.file_type, self.path, base_offset, max_size=self.max_segment_size)
         self.segments.append(segment)
@@ -396,14 +405,20 @@ class FlatAppendFile:
             await asyncio.to_thread(
                 self.metadata.update_segment,
                 SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETING),
+                queue=self.queue,
             )
+        elif self.queue is not None:
+            await asyncio.to_thread(self.metadata.check_lease, self.queue)  # before the object goes
         await segment.destroy()
         if forget:
-            await asyncio.to_thread(self.metadata.delete_segment, self.path, self.file_type, segment.base_offset)
+            await asyncio.to_thread(
+                self.metadata.delete_segment, self.path, self.file_type, segment.base_offset, queue=self.queue
+            )
         else:
             await asyncio.to_thread(
                 self.metadata.update_segment,
                 SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETED),
+                queue=self.queue,
             )
         self._recorded_sizes.pop(segment.base_offset, None)
 
@@ -433,6 +448,8 @@ class FlatAppendFile:
         last = self.segments[-1]
         keep = offset - last.base_offset
         if last.commit_position > keep or last.pending_bytes:
+            if self.queue is not None and last.commit_position > keep:
+                await asyncio.to_thread(self.metadata.check_lease, self.queue)  # before committed bytes go
             await last.truncate(keep)
             if last.is_closed:
                 # A sealed segment that lost its tail is writable again: new handle, row back to NEW.
@@ -445,6 +462,7 @@ class FlatAppendFile:
                 await asyncio.to_thread(
                     self.metadata.update_segment,
                     SegmentUpdate(self.path, self.file_type, last.base_offset, size=keep, status=SegmentStatus.NEW),
+                    queue=self.queue,
                 )
                 self._recorded_sizes[last.base_offset] = keep
 

@@ -14,7 +14,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore
+from tieredstore.metadata import MetadataStore, QueueKey
 from tieredstore.providers.base import FileSegment, Provider
 
 DEFAULT_ROLLING_INTERVAL_MS = 24 * 3600 * 1000
@@ -35,8 +35,11 @@ class FlatCommitLogFile(FlatAppendFile):
         rolling_interval_ms: int = DEFAULT_ROLLING_INTERVAL_MS,
         rolling_min_size: int = DEFAULT_ROLLING_MIN_SIZE,
         clock: Clock = wall_clock_ms,
+        queue: QueueKey | None = None,
     ) -> None:
-        super().__init__(provider, metadata, path, FileType.COMMIT_LOG, max_segment_size=max_segment_size, clock=clock)
+        super().__init__(
+            provider, metadata, path, FileType.COMMIT_LOG, max_segment_size=max_segment_size, clock=clock, queue=queue
+        )
         self.rolling_interval_ms = rolling_interval_ms
         self.rolling_min_size = rolling_min_size
         self._first_queue_offsets: dict[int, int] = {}

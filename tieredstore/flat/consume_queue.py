@@ -20,7 +20,7 @@ from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore
+from tieredstore.metadata import MetadataStore, QueueKey
 from tieredstore.providers.base import Provider
 
 TimestampOf = Callable[[ConsumeQueueUnit], Awaitable[int]]
@@ -61,6 +61,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
         max_segment_size: int | None = None,
         initial_queue_offset: int = 0,
         clock: Clock = wall_clock_ms,
+        queue: QueueKey | None = None,
     ) -> None:
         if max_segment_size is not None:
             max_segment_size -= max_segment_size % UNIT_SIZE
@@ -75,6 +76,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
             initial_offset=initial_queue_offset * UNIT_SIZE,
             commit_before=commit_log,
             clock=clock,
+            queue=queue,
         )
 
     @property

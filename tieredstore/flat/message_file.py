@@ -163,6 +163,7 @@ class FlatMessageFile:
             rolling_interval_ms=int(settings.commit_log_rolling_interval * 1000),
             rolling_min_size=settings.commit_log_rolling_min_size,
             clock=clock,
+            queue=(self.topic, self.queue_id),
         )
         self.consume_queue = FlatConsumeQueueFile(
             provider,
@@ -172,6 +173,7 @@ class FlatMessageFile:
             max_segment_size=settings.consume_queue_max_size,
             initial_queue_offset=position.max_offset,
             clock=clock,
+            queue=(self.topic, self.queue_id),
         )
         self._position = position
         # Serialises commits, expiry and recovery: two concurrent records would race on one version.

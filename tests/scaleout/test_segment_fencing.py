@@ -1,0 +1,91 @@
+"""Segment changes are fenced by the lease epoch like positions are: a zombie archiver cannot roll,
+seal, cut or delete the cold files of a queue another archiver has taken over.
+
+Before this, only ``record_commit`` named the epoch: an archiver paused past its lease could, on
+waking, seal the successor's open segment or add a segment row at its own (older) offset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.flat.helpers import BASE_TIMESTAMP
+from tieredstore.errors import LeaseLostError
+from tieredstore.flat.commit_log import FlatCommitLogFile
+from tieredstore.formats.naming import FileType
+from tieredstore.leases import LeaseManager
+from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate, upgrade
+from tieredstore.providers.memory import MemoryProvider
+
+TOPIC = "Orders"
+PATH = "abcd1234_c/b/Orders/0"
+QUEUE = (TOPIC, 0)
+
+
+@pytest.fixture
+def stores(metadata_url: str) -> Iterator[list[MetadataStore]]:
+    """A zombie's store and its successor's (own connections each, like separate processes)."""
+    upgrade(metadata_url)
+    opened = [MetadataStore(metadata_url) for _ in range(2)]
+    opened[0].get_or_create_queue(TOPIC, 0)
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def hold_lease(zombie_store: MetadataStore) -> LeaseManager:
+    """The zombie holds the queue's lease and installs its fence, as an archiver with leases does."""
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    zombie_store.set_epoch_fence(zombie.epoch_of)
+    return zombie
+
+
+def replace_after_stall(successor_store: MetadataStore) -> None:
+    """The zombie stalls past its lease (it has not noticed yet) and the successor takes the queue over."""
+    time.sleep(1.7)
+    LeaseManager(successor_store, owner="successor", lease_duration=1.5, renew_interval=0.5).round()
+
+
+def test_a_stale_epoch_cannot_add_update_or_delete_a_queues_segments(stores: list[MetadataStore]) -> None:
+    zombie_store, successor_store = stores
+    hold_lease(zombie_store)
+    zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE)  # while it holds the lease
+    replace_after_stall(successor_store)
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 100, queue=QUEUE)
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        zombie_store.update_segment(
+            SegmentUpdate(PATH, FileType.COMMIT_LOG, 0, size=100, status=SegmentStatus.SEALED), queue=QUEUE
+        )
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        zombie_store.delete_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE)
+    with pytest.raises(LeaseLostError):
+        zombie_store.check_lease(QUEUE)
+    # Nothing changed: one segment, still NEW and empty.
+    rows = successor_store.list_segments(PATH, FileType.COMMIT_LOG)
+    assert [(r.base_offset, r.status, r.size) for r in rows] == [(0, SegmentStatus.NEW, 0)]
+    # Without a fence (the CLI, a lone archiver) nothing is checked.
+    successor_store.add_segment(PATH, FileType.COMMIT_LOG, 100, queue=QUEUE)
+    successor_store.check_lease(QUEUE)
+
+
+async def test_a_zombie_archivers_roll_changes_nothing_the_successor_sees(stores: list[MetadataStore]) -> None:
+    zombie_store, successor_store = stores
+    provider = MemoryProvider()
+    hold_lease(zombie_store)
+    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, queue=QUEUE)
+    await zombie_log.append(b"a" * 100, BASE_TIMESTAMP)
+    await zombie_log.commit()
+    replace_after_stall(successor_store)
+    await zombie_log.append(b"b" * 50, BASE_TIMESTAMP + 1)
+    with pytest.raises(LeaseLostError):
+        await zombie_log.roll(BASE_TIMESTAMP + 2)  # it would seal segment 0 and add one at 150
+    with pytest.raises(LeaseLostError):
+        await zombie_log.truncate(40)  # it would cut committed bytes the successor may rely on
+    rows = successor_store.list_segments(PATH, FileType.COMMIT_LOG)
+    assert [(r.base_offset, r.status) for r in rows] == [(0, SegmentStatus.NEW)]
+    assert await provider.segment(FileType.COMMIT_LOG, PATH, 0, commit_position=150).read(0, 100) == b"a" * 100
