@@ -28,6 +28,7 @@ KEY_PACKAGES = (
     "pyarrow",
     "psutil",
     "matplotlib",
+    "zlib-ng",
 )
 
 
