@@ -387,6 +387,10 @@ def query_key(
         raise ValidationError(f"--since ({iso(begin)}) is after --until ({iso(end)})")
     chosen = _resolve_format(cli, fmt)
     found = run(_query_key(cli, topic, key, begin, end, max_count))
+    if not found:
+        # Not an error (scripts get an empty stream and exit 0), but a person should not see silence.
+        window = "" if since is None and until is None else f" stored {iso(begin)} .. {iso(end)}"
+        cli.output.note(f"no archived message of {topic} has the key {key!r}{window}")
     print_messages(cli, found, chosen)
 
 
