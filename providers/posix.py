@@ -91,7 +91,7 @@ def _pread_exactly(fd: int, length: int, position: int) -> bytes:
     return b"".join(parts)
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray, position: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
     view = memoryview(data)
     written = 0
     while written < len(view):
@@ -181,7 +181,9 @@ class PosixSegment(FileSegment):
                 if overlap != data[: len(overlap)]:
                     raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
                 if len(overlap) < len(data):
-                    _pwrite_all(fd, data[len(overlap) :], position + len(overlap))
+                    # A view, not a slice: slicing would copy the whole commit (4 MiB) with the GIL held.
+                    with memoryview(data) as rest:
+                        _pwrite_all(fd, rest[len(overlap) :], position + len(overlap))
                 os.fsync(fd)
             finally:
                 os.close(fd)
