@@ -6,7 +6,7 @@ their store timestamps. The units of the whole range come from the consume-queue
 per file; the records of one queue are scattered over the shared commit log, so each is one slice of
 its mapped file, joined once. Every check (TOTALSIZE and magic against the unit; for a follower also
 PHYSICALOFFSET, queue id and offset, topic, lengths, tag hash) runs on all records at once over a
-gather of their headers; only a follower's body CRC is computed per record (zlib). A record that
+gather of their headers; only a follower's body CRC is computed per record (formats.checksum). A record that
 fails is reported as the per-record readers report it: a CorruptRecordError naming topic, queue,
 queue offset and commit-log offset.
 
@@ -322,7 +322,7 @@ def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
     The same checks, all records at once: magic, TOTALSIZE, PHYSICALOFFSET, queue id and offset, the
     body, topic and properties lengths ending at the record's end, the topic, a final 0x02, the tag
     hash (computed only for records whose properties hold TAGS or whose unit has a tag hash) and the
-    body CRC (zlib, per record).
+    body CRC (formats.checksum, per record).
     """
     count = len(batch)
     if count == 0:

@@ -862,7 +862,7 @@ class LocalMessageStore:
         """The records of ``data`` (back to back, ``record_sizes`` bytes each) checked at once; the first bad raises.
 
         The fixed-position fields of all records are gathered and compared together; only the body
-        CRC (zlib) and a TAGS lookup are per record. A record the batch check cannot prove sound goes
+        CRC (formats.checksum) and a TAGS lookup are per record. A record the batch check cannot prove sound goes
         through ``_restorable_one``, which raises the error it deserves (or accepts a layout the
         batch check does not take the short way, such as IPv6 hosts).
         """
