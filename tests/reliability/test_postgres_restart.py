@@ -132,6 +132,9 @@ def test_the_archiver_reconnects_after_a_postgres_restart_and_archives_everythin
     assert upgrade.returncode == 0, upgrade.stderr
     producer = SyncProducer(tmp_path, env, seed=int(time.time()), rate=300.0)
     producer.start()
+    # The follower needs the hot store the producer creates: start it once a put is acknowledged (a CI run
+    # started both at once and the archiver, first, stopped on "there is no hot store to follow").
+    wait_for_text(tmp_path / "acks-0.txt", "ACK ", timeout=30)
     stderr = tmp_path / "archiver.txt"
     archiver = start_tieredstore(["--output", "json", "run", "--no-demo", "--hot-mode", "follower"], env, stderr)
     figures = []
