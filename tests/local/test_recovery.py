@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tieredstore.formats.consume_queue import UNIT_SIZE
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.local import LocalMessageStore, PutResult
+from tieredstore.local.queue import ConsumeQueue
 
 from .conftest import abandon, small_config
 
@@ -163,3 +164,37 @@ def test_trailing_garbage_file_is_removed(crashed: CrashedStore, copy_of: Path) 
         assert store.recovery.files_removed == [stray.name]
         assert store.get_message("t", 1, crashed.victim.queue_offset).body == crashed.victim_body
     assert not stray.exists()
+
+
+def test_recovery_rebuilds_units_in_place_so_a_follower_never_sees_a_queue_shrink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's recovery runs while the archiver follows the files: sound units must never read as zeros.
+
+    Found by the crash loop (RELIABILITY.md, item 8): recovery used to zero every unit past the
+    checkpoint and then rebuild them one by one, so a follower saw each queue end early meanwhile, and a
+    writer killed in that window left them missing until its next start.
+    """
+    store = LocalMessageStore(tmp_path, config=small_config())
+    for index in range(25):  # 25 units over three 10-unit consume-queue files
+        store.put_message("t", 0, b"body-%d" % index)
+    store.flush()
+    abandon(store)
+    (tmp_path / "checkpoint").unlink()  # recovery now scans (and re-appends) every record
+    units_dir = tmp_path / "consumequeue" / "t" / "0"
+    before = {path.name: path.read_bytes() for path in sorted(units_dir.iterdir())}
+    seen_mid_recovery: list[dict[str, bytes]] = []
+    original_append = ConsumeQueue.append
+
+    def append_and_look(queue: ConsumeQueue, unit: ConsumeQueueUnit, queue_offset: int) -> None:
+        if queue_offset in (0, 12):  # as it starts, and halfway through
+            seen_mid_recovery.append({path.name: path.read_bytes() for path in sorted(units_dir.iterdir())})
+        original_append(queue, unit, queue_offset)
+
+    monkeypatch.setattr(ConsumeQueue, "append", append_and_look)
+    with LocalMessageStore(tmp_path, config=small_config()) as recovered:
+        assert recovered.recovery.records_scanned == 25 and not recovered.recovery.repaired
+        assert recovered.max_offset("t", 0) == 25
+    assert len(seen_mid_recovery) == 2
+    assert all(seen == before for seen in seen_mid_recovery)
+    assert {path.name: path.read_bytes() for path in sorted(units_dir.iterdir())} == before

@@ -322,6 +322,18 @@ class ConsumeQueue:
 
     def truncate_to(self, queue_offset: int) -> int:
         """Forget every unit at or after ``queue_offset``; returns how many were dropped."""
+        dropped = self.rewind_to(queue_offset)
+        if dropped:
+            self.clear_past_end()
+        return dropped
+
+    def rewind_to(self, queue_offset: int) -> int:
+        """Make ``queue_offset`` the next offset to append, leaving the units after it in the files for now.
+
+        A recovery rewinds, appends the units it rebuilds over the old ones (the same bytes where they
+        were right), then calls ``clear_past_end``: a follower never sees a unit vanish and come back.
+        Returns how many units are past the new end. A queue that is not writable forgets them at once.
+        """
         queue_offset = max(queue_offset, self.min_offset)
         dropped = max(0, self.max_offset - queue_offset)
         if dropped == 0:
@@ -334,15 +346,21 @@ class ConsumeQueue:
                 self._memory_units.clear()
                 self._memory_base = queue_offset
             return dropped
-        byte_offset = queue_offset * UNIT_SIZE
-        while self._files and self._files[-1].start_offset > byte_offset and len(self._files) > 1:
+        self._flushed_offset = min(self._flushed_offset, queue_offset)
+        self._refresh_tail()
+        return dropped
+
+    def clear_past_end(self) -> None:
+        """Zero every unit at or after ``max_offset`` and delete the files wholly past it (after ``rewind_to``)."""
+        if not self.writable or not self._files:
+            return
+        byte_offset = self.max_offset * UNIT_SIZE
+        while self._files[-1].start_offset > byte_offset and len(self._files) > 1:
             self._files.pop().delete()
         file = self._files[-1]
         file.zero_from(max(0, byte_offset - file.start_offset))
         file.flush()
-        self._flushed_offset = min(self._flushed_offset, queue_offset)
         self._refresh_tail()
-        return dropped
 
     def flush(self) -> None:
         """msync the units written since the last flush."""

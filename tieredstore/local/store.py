@@ -419,7 +419,9 @@ class LocalMessageStore:
         if not log_.files and not self._queues:
             return RecoveryReport(clean=True, scanned_from=0, valid_end=0, seconds=time.monotonic() - started)
         start = self._recovery_start(checkpoint, data_end)
-        dropped = sum(q.truncate_to(q.lower_bound(start)) for q in self._queues.values())
+        # Rewound, not cleared: the units rebuilt below overwrite the old ones in place, and only what lies
+        # past the rebuilt end is zeroed at the end, so a follower never sees a sound unit vanish.
+        dropped = sum(q.rewind_to(q.lower_bound(start)) for q in self._queues.values())
         scanned = 0
         stop = ScanStop(start, None)
         for item in log_.scan(start):
@@ -445,6 +447,8 @@ class LocalMessageStore:
         if self.read_only:
             log_.write_offset = log_.flushed_offset = stop.offset
         else:
+            for queue in self._queues.values():
+                queue.clear_past_end()  # units past the rebuilt end point at bytes truncated next
             cleared, removed = log_.truncate(stop.offset)
             for queue in self._queues.values():
                 queue.flush()
