@@ -102,7 +102,7 @@ from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.arrays import BODY_LEN_AFTER_HOSTS, RECORD_HEAD_DTYPE, UNIT_DTYPE, as_values, gather_rows
-from tieredstore.formats.checksum import crc32
+from tieredstore.formats.checksum import BODY_CRC_MASK, body_crc, crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -395,7 +395,7 @@ def _suspect_records(
     body_starts = (base + body_at)[checked]
     view = memoryview(data)
     computed = [
-        crc32(view[start:stop]) & 0x7FFFFFFF
+        crc32(view[start:stop]) & BODY_CRC_MASK
         for start, stop in zip(body_starts.tolist(), (body_starts + body_len[checked]).tolist(), strict=True)
     ]
     ok[checked] = head["body_crc"][checked] == np.array(computed, dtype=np.int64)
@@ -1239,7 +1239,7 @@ def verify_served(topic: str, queue_id: int, queue_offset: int, raw: bytes, unit
         fields = verify_record(raw, check_crc=False)
     except CorruptRecordError as exc:
         raise corrupt(str(exc)) from exc
-    computed = crc32(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len]) & 0x7FFFFFFF
+    computed = body_crc(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len])
     if computed != fields.body_crc:
         raise corrupt(f"body CRC mismatch: stored {fields.body_crc}, computed {computed}")
     topic_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
-from tieredstore.formats.checksum import body_crc, crc32
+from tieredstore.formats.checksum import body_crc
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -439,7 +439,7 @@ def verify_record(
     if props_len < 0 or cur + props_len != end:
         raise corrupt(f"properties length {props_len} does not end at the record size {total}")
     if check_crc:
-        computed = crc32(memoryview(buf)[body_at : body_at + body_len]) & 0x7FFFFFFF
+        computed = body_crc(memoryview(buf)[body_at : body_at + body_len])
         if computed != crc:
             raise corrupt(f"body CRC mismatch: stored {crc}, computed {computed}")
     return RecordFields(

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.arrays import UNIT_DTYPE, as_values, gather_rows, head_dtype_with_hosts
-from tieredstore.formats.checksum import crc32
+from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -386,7 +386,7 @@ def _crc_mismatch(batch: HotBatch, body_at: Int64Array, body_length: Int64Array,
     ends = (batch.starts[:checked] + body_at[:checked] + body_length[:checked]).tolist()
     with memoryview(batch.data) as view:
         for index, (begin, end, crc) in enumerate(zip(begins, ends, crcs, strict=True)):
-            if crc32(view[begin:end]) & 0x7FFFFFFF != crc:
+            if crc32(view[begin:end]) & BODY_CRC_MASK != crc:
                 return index
     return None
 

@@ -46,7 +46,7 @@ import numpy as np
 import structlog
 
 from tieredstore.errors import CorruptRecordError, InvalidQueueError, NotFoundError, ValidationError
-from tieredstore.formats.checksum import crc32
+from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     HEADER_PREFIX,
@@ -358,7 +358,7 @@ def record_problem(
     except struct.error as exc:
         return f"undecodable header: {exc}"
     with memoryview(raw) as view:
-        computed = crc32(view[body_at : body_at + body_len]) & 0x7FFFFFFF
+        computed = body_crc(view[body_at : body_at + body_len])
     if computed != crc:
         return f"body CRC {computed} where the record says {crc}"
     return None

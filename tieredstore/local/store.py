@@ -37,7 +37,7 @@ from tieredstore.errors import (
     ValidationError,
 )
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
-from tieredstore.formats.checksum import crc32
+from tieredstore.formats.checksum import BODY_CRC_MASK, body_crc, crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -654,7 +654,7 @@ class LocalMessageStore:
                 tail, tag_code = layout.empty_tail, 0
             size = layout.fixed_size + len(body) + len(tail)
             total += size
-            batch.append((topic, queue_id, layout, body, tail, tag_code, size, crc32(body) & 0x7FFFFFFF))
+            batch.append((topic, queue_id, layout, body, tail, tag_code, size, body_crc(body)))
         if not batch:
             return []
         results = self._append_batch(batch, total)
@@ -705,7 +705,7 @@ class LocalMessageStore:
         """Write one validated record and its unit under the put lock; the common case touches no file metadata."""
         body_size = len(body)
         size = layout.fixed_size + body_size + len(tail)
-        crc = crc32(body) & 0x7FFFFFFF
+        crc = body_crc(body)
         now = int(time.time() * 1000)
         log_ = self._commit_log
         with self._put_lock:
@@ -910,7 +910,7 @@ class LocalMessageStore:
         body_ends = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize + np.where(suspect, 0, body_len)).tolist()
         with memoryview(data) as view:
             computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
-        suspect |= (np.array(computed, dtype=np.int64) & 0x7FFFFFFF) != heads["body_crc"]
+        suspect |= (np.array(computed, dtype=np.int64) & BODY_CRC_MASK) != heads["body_crc"]
         queue_offsets = heads["queue_offset"].astype(np.int64)
         stamps = heads["store_timestamp"].astype(np.int64)
         tag_hashes = np.zeros(count, dtype=np.int64)

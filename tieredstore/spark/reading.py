@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tieredstore.errors import CorruptRecordError
-from tieredstore.formats.checksum import crc32
+from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.message import (
     MAGIC_V1,
     MIN_RECORD_SIZE,
@@ -299,8 +299,9 @@ class PartitionScanner:
         if properties_length < 0 or properties_at + 2 + properties_length != end:
             raise _Corrupt(f"properties length {properties_length} does not end at the record size {total}")
         body = buffer[body_start:topic_at]
-        if crc32(body) & 0x7FFFFFFF != crc:
-            raise _Corrupt(f"body CRC mismatch: stored {crc}, computed {crc32(body) & 0x7FFFFFFF}")
+        computed = body_crc(body)
+        if computed != crc:
+            raise _Corrupt(f"body CRC mismatch: stored {crc}, computed {computed}")
         try:
             topic = buffer[topic_at + 1 : properties_at].decode("utf-8")
         except UnicodeDecodeError as error:
