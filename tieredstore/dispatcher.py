@@ -30,7 +30,7 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -173,11 +173,15 @@ class Dispatcher:
         maintain_interval: float = 60.0,
         clock_ms: Callable[[], int] = wall_clock_ms,
         leases: LeaseManager | None = None,
+        index_upkeep: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.hot = hot
         self.flat = flat
         self.metadata = metadata
         self.index = index
+        # What a maintenance pass runs for the key index: ``index.maintain`` unless told otherwise
+        # (``KeyIndex.maintain`` also sweeps namespaces left by archivers that are gone).
+        self._index_upkeep = index_upkeep or (index.maintain if index is not None else None)
         self.settings = settings or ArchiverSettings()
         self.metrics = metrics or Metrics()
         self.maintain_interval = maintain_interval
@@ -219,6 +223,7 @@ class Dispatcher:
             maintain_interval=runtime.config.archiver.maintain_interval,
             clock_ms=clock_ms,
             leases=leases,
+            index_upkeep=runtime.keys.maintain if with_index else None,
         )
 
     # ---- start-up ----------------------------------------------------------------------------------
@@ -409,10 +414,10 @@ class Dispatcher:
         return state.flat_file.archived_offset
 
     async def _maintain_index(self) -> None:
-        if self.index is None:
+        if self._index_upkeep is None:
             return
         try:
-            await self.index.maintain()
+            await self._index_upkeep()
         except (TieredStoreError, OSError) as error:
             log.warning("key index upload failed; the next pass retries", error=str(error))
 
@@ -715,12 +720,17 @@ class Dispatcher:
             start = await asyncio.to_thread(self._start_offset, topic, queue_id)
             flat_file = await self.flat.get_or_create(topic, queue_id, start_offset=start)
             log.info("archiving a new queue", topic=topic, queue_id=queue_id, start_offset=flat_file.archived_offset)
+        recovered = self.flat.pop_recovery(topic, queue_id)
         topic_id = self._topic_ids.get(topic)
         if topic_id is None:
             topic_id = (await asyncio.to_thread(self.metadata.get_or_create_topic, topic)).id
             self._topic_ids[topic] = topic_id
         state.flat_file = flat_file
         state.topic_id = topic_id
+        if recovered is not None and recovered.archived_offset > recovered.previous_archived_offset:
+            # Opened under a lease: whoever wrote the queue before may have died between the consume
+            # queue's commit and its index entries (``start`` does the same for every queue without leases).
+            await self._reindex(state, recovered.previous_archived_offset, recovered.archived_offset)
 
     async def _open_new(self, keys: Iterable[QueueKey]) -> None:
         """Open the cold queues not opened yet, several at once: first sight of many queues is metadata-bound."""

@@ -129,13 +129,9 @@ async def apply_retention(runtime: Runtime, *, dry_run: bool = False, now_ms: in
         report.queues.append(plan)
     index_before = now - int(longest_hours * HOUR_MS)
     if dry_run:
-        report.index_files = [
-            record.file_id
-            for record in runtime.index.files()
-            if record.item_count and record.end_timestamp is not None and record.end_timestamp < index_before
-        ]
+        report.index_files = await runtime.keys.expired_files(index_before)
     else:
-        report.index_files = await runtime.index.delete_expired(index_before)
+        report.index_files = await runtime.keys.delete_expired(index_before)
     log.info(
         "retention pass",
         dry_run=dry_run,

@@ -20,6 +20,8 @@ from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import index_path
 from tieredstore.index import IndexService
 from tieredstore.index.catalogue import MetadataIndexCatalogue
+from tieredstore.index.namespaces import KeyIndex, NamespaceClaim, claim_namespace
+from tieredstore.index.service import namespace_path
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower, writer_lock_held
 from tieredstore.local.store import LocalMessageStore
@@ -94,7 +96,10 @@ class Runtime:
     metadata: MetadataStore
     provider: Provider
     flat: FlatFileStore
+    # The key index this process writes (or, for a reader, the root namespace read-only) ...
     index: IndexService
+    # ... and the whole broker's key index, every namespace: what queries and retention use.
+    keys: KeyIndex
     metrics: Metrics
     hot: LocalMessageStore | None
     # False for a reader beside the archiver: cold queues are read through read-only views and the
@@ -112,12 +117,15 @@ async def open_runtime(
     metrics: Metrics | None = None,
     hot_mode: HotMode = "writer",
     cold_owner: bool = True,
+    shared_index: bool = False,
 ) -> AsyncIterator[Runtime]:
     """Open metadata, the cold provider, the flat file store, the key index and (``hot``) the hot store.
 
     ``hot_mode`` is ``open_hot_store``'s ``mode``. ``recover`` loads and corrects every queue the
     metadata knows before yielding. ``cold_owner=False`` opens the cold side for reading only (no
     recovery, a read-only key index), which is what every process but the archiver must do.
+    ``shared_index`` (archivers that share queues by lease) claims a key-index namespace of this
+    process's own instead of writing the broker's root one (``tieredstore.index.namespaces``).
     Everything is closed in reverse order on exit, also when opening
     a later part fails.
     """
@@ -139,23 +147,43 @@ async def open_runtime(
         )
         if recover and cold_owner:
             await flat.recover()
-        index = IndexService(
-            config.data_dir / "index",
-            provider,
-            cluster=config.cluster,
-            broker=config.broker,
-            catalogue=MetadataIndexCatalogue(metadata, index_path(config.cluster, config.broker)),
-            settings=config.index,
-            read_only=not cold_owner,
-        )
+        index_base = config.data_dir / "index"
+        broker_index_path = index_path(config.cluster, config.broker)
+
+        def open_namespace(namespace: str, read_only: bool) -> IndexService:
+            return IndexService(
+                index_base / namespace if namespace else index_base,
+                provider,
+                cluster=config.cluster,
+                broker=config.broker,
+                catalogue=MetadataIndexCatalogue(metadata, namespace_path(broker_index_path, namespace)),
+                settings=config.index,
+                read_only=read_only,
+                namespace=namespace,
+            )
+
+        claim: NamespaceClaim | None = None
+        if shared_index and cold_owner:
+            claim = await asyncio.to_thread(claim_namespace, index_base)
+            stack.callback(claim.release)
+        index = open_namespace(claim.name if claim is not None else "", not cold_owner)
         await index.start()
         stack.push_async_callback(index.close)
+        keys = KeyIndex(
+            index,
+            open_namespace,
+            MetadataIndexCatalogue(metadata, broker_index_path).namespaces,
+            base_directory=index_base,
+            claim=claim,
+        )
+        stack.push_async_callback(keys.close)
         yield Runtime(
             config=config,
             metadata=metadata,
             provider=provider,
             flat=flat,
             index=index,
+            keys=keys,
             metrics=metrics or Metrics(),
             hot=hot_store,
             cold_owner=cold_owner,

@@ -235,7 +235,7 @@ class AsyncTieredMessageStore:
             read[(queue_id, queue_offset)] = message
             return real_keys(message)
 
-        hits = await self.runtime.index.query(
+        hits = await self.runtime.keys.query(
             topic, topic_info.id, key, max_count, begin_timestamp, end_timestamp, confirm
         )
         return [read[(hit.queue_id, hit.queue_offset)] for hit in hits]

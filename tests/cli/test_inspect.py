@@ -137,12 +137,18 @@ def test_query_key_finds_what_one_archiver_indexed_on_each_backend_pair(node: No
     assert [(m["queue_id"], m["queue_offset"], m["keys"]) for m in found] == [(1, 7, ["order-1-7"])]
 
 
-def test_archivers_sharing_queues_by_lease_say_they_write_no_key_index(node: Node) -> None:
-    # With leases (PostgreSQL's default) the archiver must say so: query-key then finds nothing.
+def test_archivers_sharing_queues_by_lease_index_keys_in_a_namespace_of_their_own(node: Node) -> None:
+    # With leases (PostgreSQL's default) each archiver writes its own key-index namespace and says which.
     node.env["TIEREDSTORE_ARCHIVER__LEASES"] = "true"
     produce(node, 0, 10)
     result = node("run", "--once")
     assert result.exit_code == 0, result.stderr
-    assert "key-index entries are not written while archivers share queues" in result.stderr
-    assert node("query-key", TOPIC, "order-0-7", output="json").stdout == ""
-    assert [m["queue_offset"] for m in node("read", TOPIC, "0", "--offset", "7", output="json").json_lines()] == [7]
+    assert "key index namespace " in result.stderr
+    found = node("query-key", TOPIC, "order-0-7", output="json").json_lines()
+    assert [(m["queue_id"], m["queue_offset"], m["keys"]) for m in found] == [(0, 7, ["order-0-7"])]
+    produce(node, 0, 10)  # the same keys again, at offsets 10..19
+    again = node("run", "--once")
+    assert again.exit_code == 0, again.stderr
+    assert result.stderr.split("key index namespace ")[1].split()[0] in again.stderr  # its slot, taken back
+    both = node("query-key", TOPIC, "order-0-7", output="json").json_lines()
+    assert sorted(m["queue_offset"] for m in both) == [7, 17]

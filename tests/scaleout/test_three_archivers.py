@@ -29,9 +29,10 @@ import pytest
 from tests.archiver.processes import child_env, start_tieredstore
 from tests.archiver.test_run import archive_problems
 from tieredstore.config import load_config
+from tieredstore.formats.message import index_keys_of
 from tieredstore.local import PutRequest
 from tieredstore.metadata import MetadataStore, upgrade
-from tieredstore.runtime import open_hot_store
+from tieredstore.runtime import open_hot_store, open_runtime
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.postgres]
 
@@ -138,6 +139,31 @@ def _wait_until(condition: Any, timeout: float, what: str, metadata: MetadataSto
     raise AssertionError(
         f"not within {timeout}s: {what} (queues per owner: {owners}; open transactions: {_open_transactions(metadata)})"
     )
+
+
+async def _key_hits(config: Any, key: str) -> tuple[set[tuple[str, int, int]], set[tuple[str, int, int]]]:
+    """Every archived message with ``key`` (read from the hot store) and every one the key index returns."""
+    expected: set[tuple[str, int, int]] = set()
+    found: set[tuple[str, int, int]] = set()
+    async with open_runtime(config, hot_mode="follower", cold_owner=False) as runtime:
+        hot = runtime.hot
+        assert hot is not None
+        for topic in TOPICS:
+            for queue_id in range(QUEUES_PER_TOPIC):
+                offset, end = hot.min_offset(topic, queue_id), hot.max_offset(topic, queue_id)
+                while offset < end:
+                    batch = hot.read_messages(topic, queue_id, offset, 4096, 64 << 20)
+                    expected.update((topic, queue_id, m.queue_offset) for m in batch if key in index_keys_of(m.raw))
+                    offset = batch[-1].queue_offset + 1
+
+            def confirm(_topic_id: int, queue_id: int, offset: int, topic: str = topic) -> Any:
+                return asyncio.to_thread(lambda: hot.get_message(topic, queue_id, offset).keys)
+
+            topic_id = runtime.metadata.get_topic(topic).id
+            hits = await runtime.keys.query(topic, topic_id, key, 1 << 20, 0, 1 << 62, confirm)
+            assert len(hits) == len({(h.queue_id, h.queue_offset) for h in hits}), "a message returned twice"
+            found.update((topic, h.queue_id, h.queue_offset) for h in hits)
+    return expected, found
 
 
 def test_three_archivers_pause_and_kill_every_message_archived_exactly_once(tmp_path: Path, postgres_url: str) -> None:
@@ -252,6 +278,9 @@ def test_three_archivers_pause_and_kill_every_message_archived_exactly_once(tmp_
     assert problems == []
     assert hot == archived == producer.produced
     assert {(q.owner) for q in MetadataStore(postgres_url).list_queues()} == {None}, "leases handed back at SIGTERM"
+    # Each archiver indexed keys in a namespace of its own (the killed one's too): query-key finds them all.
+    expected, found = asyncio.run(_key_hits(config, "k7"))
+    assert found == expected and len(expected) > 100
     print(
         f"scale-out: {producer.produced} messages over 64 queues; a lost {len(before_pause)} leases while paused; "
         f"summaries {summaries}"

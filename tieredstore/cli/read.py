@@ -422,5 +422,5 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
             unique = record.unique_key
             return [*record.keys, *([unique] if unique else [])]
 
-        hits = await runtime.index.query(topic, topic_info.id, key, max_count, begin, end, confirm)
+        hits = await runtime.keys.query(topic, topic_info.id, key, max_count, begin, end, confirm)
         return [found[(hit.queue_id, hit.queue_offset)] for hit in hits]

@@ -244,7 +244,9 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
     note = cli.output.note
     settings: ArchiverSettings = config.archiver
     metrics = Metrics()
-    async with open_runtime(config, recover=False, metrics=metrics, hot_mode=options.hot_mode) as runtime:
+    async with open_runtime(
+        config, recover=False, metrics=metrics, hot_mode=options.hot_mode, shared_index=_uses_leases(config)
+    ) as runtime:
         assert runtime.hot is not None
         hot = runtime.hot
         following = isinstance(hot, HotStoreFollower)
@@ -278,12 +280,11 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
                 lease_duration=settings.lease_duration,
                 renew_interval=settings.lease_renew_interval,
             )
-            # The key index keeps one local directory and one catalogue per broker: it cannot be shared yet.
             note(
                 f"leasing queues as {leases.owner} (lease {settings.lease_duration:g}s); "
-                "key-index entries are not written while archivers share queues"
+                f"key index namespace {runtime.index.namespace}"
             )
-        dispatcher = Dispatcher.from_runtime(runtime, settings=settings, leases=leases, with_index=leases is None)
+        dispatcher = Dispatcher.from_runtime(runtime, settings=settings, leases=leases)
         await dispatcher.start()
         note(f"archiving {config.hot_dir} to {runtime.provider.url} (metadata: {runtime.metadata.url})")
 

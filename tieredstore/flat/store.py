@@ -58,6 +58,7 @@ class FlatFileStore:
         self._files: dict[QueueKey, FlatMessageFile] = {}
         self._failed: dict[QueueKey, BaseException] = {}
         self._creating: dict[QueueKey, asyncio.Lock] = {}
+        self._recoveries: dict[QueueKey, RecoveryResult] = {}
 
     def queue_path(self, topic: str, queue_id: int) -> str:
         return queue_path(self.cluster, self.broker, topic, queue_id)
@@ -89,6 +90,7 @@ class FlatFileStore:
         reloaded from metadata on next use)."""
         self._files.pop((topic, queue_id), None)
         self._failed.pop((topic, queue_id), None)
+        self._recoveries.pop((topic, queue_id), None)
 
     @property
     def failed(self) -> dict[QueueKey, BaseException]:
@@ -125,10 +127,16 @@ class FlatFileStore:
                 ),
             )
             # Rows read here in one round: a queue with no segment rows then recovers without a storage request.
-            await flat_file.recover(commit_log_rows, consume_queue_rows)
+            result = await flat_file.recover(commit_log_rows, consume_queue_rows)
+            if result.changed:
+                self._recoveries[key] = result
             self._failed.pop(key, None)
             self._files[key] = flat_file
             return flat_file
+
+    def pop_recovery(self, topic: str, queue_id: int) -> RecoveryResult | None:
+        """What ``get_or_create`` changed recovering the queue, if anything, told once (for re-indexing)."""
+        return self._recoveries.pop((topic, queue_id), None)
 
     # ---- read-only views ---------------------------------------------------------------------------
 

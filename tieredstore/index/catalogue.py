@@ -3,7 +3,8 @@
 With it, index-file state (UNSEALED → SEALED → UPLOAD, time interval, item count, uploaded size)
 survives a restart in SQLite or PostgreSQL next to the segments it describes, instead of in a JSON
 file in the index directory. Rows are named ``<index path>/<20-digit file id>``, so brokers sharing
-one database keep their index files apart.
+one database keep their index files apart; a namespace's rows (archivers sharing queues by lease,
+see ``tieredstore.index.namespaces``) are ``<index path>/<namespace>/<20-digit file id>``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class MetadataIndexCatalogue:
 
     def list_files(self) -> list[IndexFileRecord]:
         rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES)
-        records = [self._record(row) for row in rows if row.name.startswith(self.prefix)]
+        # A nested name belongs to a namespace under this prefix, which has a catalogue of its own.
+        records = [self._record(row) for row in rows if row.name.startswith(self.prefix) and _is_own(row, self.prefix)]
         return sorted(records, key=lambda record: record.file_id)
 
     def save(self, record: IndexFileRecord) -> None:
@@ -74,3 +76,16 @@ class MetadataIndexCatalogue:
 
     def remove(self, file_id: int) -> None:
         self.metadata.delete_index_file(self._name(file_id))
+
+    def namespaces(self) -> set[str]:
+        """The namespaces under this prefix that have live index files (not this catalogue's own)."""
+        rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES)
+        found = set()
+        for row in rows:
+            if row.name.startswith(self.prefix) and not _is_own(row, self.prefix):
+                found.add(row.name[len(self.prefix) :].split("/", 1)[0])
+        return found
+
+
+def _is_own(row: MetadataIndexFileRecord, prefix: str) -> bool:
+    return "/" not in row.name[len(prefix) :]

@@ -206,6 +206,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def namespace_path(broker_index_path: str, namespace: str) -> str:
+    """Where a namespace's index files live in cold storage (and its catalogue rows): ``<index path>[/<ns>]``."""
+    return f"{broker_index_path}/{namespace}" if namespace else broker_index_path
+
+
 class IndexService:
     """Holds the current unsealed file, moves sealed files to cold storage and answers key lookups."""
 
@@ -221,12 +226,16 @@ class IndexService:
         upload_chunk_size: int = 8 * MIB,
         clock: Callable[[], int] = _now_ms,
         read_only: bool = False,
+        namespace: str = "",
     ) -> None:
         if upload_chunk_size < 1:
             raise ValidationError(f"upload_chunk_size must be positive, got {upload_chunk_size}")
         self.directory = directory
         self.provider = provider
-        self.index_path = index_path(cluster, broker)
+        # Archivers sharing queues by lease each write their own namespace (see ``index.namespaces``);
+        # the single archiver writes the broker's index path itself.
+        self.namespace = namespace
+        self.index_path = namespace_path(index_path(cluster, broker), namespace)
         self.settings = settings or IndexSettings()
         self.upload_chunk_size = upload_chunk_size
         self._catalogue: IndexCatalogue = catalogue or JsonIndexCatalogue(directory / "catalogue.json")
@@ -415,6 +424,18 @@ class IndexService:
         if self._current is index_file:
             self._current = None
 
+    async def seal_current(self) -> None:
+        """Seal the file being filled whatever its age, so that the next ``maintain`` uploads everything.
+
+        For a namespace nobody writes any more (its archiver is gone): its items then reach cold storage.
+        """
+        self._refuse_if_read_only("seal index files")
+        self._require_started()
+        async with self._write_lock:
+            current = self._current
+            if current is not None:
+                await asyncio.to_thread(self._seal, current)
+
     # ---- sealing, compaction and upload -------------------------------------------------------------
 
     async def maintain(self) -> list[int]:
@@ -516,6 +537,29 @@ class IndexService:
                     current.close()
                     self._current = None
                 await self._forget(record)
+                removed.append(file_id)
+        return removed
+
+    async def delete_expired_uploads(self, before_timestamp: int) -> list[int]:
+        """Like ``delete_expired`` for uploaded files only; allowed read-only (they have no local files).
+
+        Retention of a namespace whose archiver runs elsewhere, or is gone: its uploaded files are
+        immutable, so deleting them cannot race a write; its local files are left to their owner.
+        """
+        self._require_started()
+        if self.read_only:
+            await asyncio.to_thread(self._reload_catalogue)
+        removed = []
+        async with self._maintain_lock, self._write_lock:
+            for file_id in sorted(self._records):
+                record = self._records[file_id]
+                if record.status is not IndexFileStatus.UPLOAD or record.end_timestamp is None:
+                    continue
+                if record.item_count == 0 or record.end_timestamp >= before_timestamp:
+                    continue
+                await self.provider.segment(FileType.INDEX, self.index_path, file_id).destroy()
+                await asyncio.to_thread(self._catalogue.remove, file_id)
+                self._records.pop(file_id, None)
                 removed.append(file_id)
         return removed
 
