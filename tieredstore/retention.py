@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -21,7 +22,7 @@ import structlog
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import TopicStatus
+from tieredstore.metadata import TopicInfo, TopicStatus
 from tieredstore.providers.base import FileSegment
 from tieredstore.runtime import Runtime
 
@@ -109,12 +110,18 @@ async def plan_queue(flat_file: FlatMessageFile, before_timestamp: int) -> Queue
     )
 
 
+def index_cutoff(now_ms: int, default_reserve_hours: float, topics: Iterable[TopicInfo]) -> int:
+    """Index files whose newest item is older than this go: they hold keys of every topic, so the longest
+    retention of any topic (or the default) decides."""
+    longest_hours = max([default_reserve_hours, *(t.reserve_hours for t in topics)])
+    return now_ms - int(longest_hours * HOUR_MS)
+
+
 async def apply_retention(runtime: Runtime, *, dry_run: bool = False, now_ms: int | None = None) -> RetentionReport:
     """Remove (or with ``dry_run`` list) expired cold segments of every queue and expired index files."""
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(dry_run=dry_run, now_ms=now)
     topics = await asyncio.to_thread(runtime.metadata.list_topics)
-    longest_hours = max([runtime.config.default_reserve_hours, *(t.reserve_hours for t in topics)])
     by_topic = {topic.name: topic for topic in topics}
     for flat_file in sorted(runtime.flat.files(), key=lambda f: (f.topic, f.queue_id)):
         topic = by_topic.get(flat_file.topic)
@@ -127,7 +134,7 @@ async def apply_retention(runtime: Runtime, *, dry_run: bool = False, now_ms: in
         if not dry_run:
             plan = await _remove(flat_file, before, plan)
         report.queues.append(plan)
-    index_before = now - int(longest_hours * HOUR_MS)
+    index_before = index_cutoff(now, runtime.config.default_reserve_hours, topics)
     if dry_run:
         report.index_files = await runtime.keys.expired_files(index_before)
     else:

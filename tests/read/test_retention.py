@@ -9,12 +9,15 @@ from pathlib import Path
 from tests.read.helpers import BASE_TIMESTAMP, HOUR_MS, append_records, make_config, make_record
 from tieredstore.cli.common import open_read_node
 from tieredstore.cli.restore import HotStoreSink, RestoreRequest, restore_archive
+from tieredstore.cli.topic import plan_retention
 from tieredstore.fetcher import GetMessageStatus
 from tieredstore.formats.message import decode
 from tieredstore.formats.naming import FileType
+from tieredstore.index import IndexFileStatus
 from tieredstore.local import LocalMessageStore
 from tieredstore.metadata import SegmentStatus
 from tieredstore.retention import apply_retention
+from tieredstore.runtime import open_runtime
 from tieredstore.store import AsyncTieredMessageStore
 
 NOW = BASE_TIMESTAMP + 100 * HOUR_MS
@@ -53,6 +56,10 @@ async def test_expired_segments_go_from_storage_then_metadata_and_min_offsets_mo
         index_before = [record.file_id for record in runtime.index.files()]
 
         planned = await apply_retention(runtime, dry_run=True, now_ms=NOW)
+        # The CLI's dry run reads only what is recorded (and the index files read-only): the same plan.
+        cli_plan = await plan_retention(config, now_ms=NOW)
+        assert cli_plan.index_files == planned.index_files == [index_before[0]]
+        assert [(q.topic, q.min_offset_after) for q in cli_plan.queues] == [("TopicA", 60)]
         # a dry run changes nothing
         assert flat_a.min_offset == 0 and [r.file_id for r in runtime.index.files()] == index_before
         assert len(flat_a.consume_queue.segments) == len(segments_before[FileType.CONSUME_QUEUE])
@@ -160,3 +167,17 @@ async def test_a_restore_after_retention_starts_at_the_oldest_record_the_consume
         restored = hot.read_messages("TopicA", 0, 60, 100, 1 << 20)
         assert [m.queue_offset for m in restored] == list(range(60, 100))
         assert [decode(m.raw).body for m in restored] == [bytes([n]) * 40 for n in range(60, 100)]
+
+
+async def test_a_dry_run_counts_an_expired_index_file_that_is_still_being_filled(tmp_path: Path) -> None:
+    # The catalogue has no time range for a file until it is sealed: the dry run reads the file's header.
+    config = make_config(tmp_path)
+    async with open_runtime(config, hot=False) as runtime:
+        old = [make_record("Old", 0, n, store_timestamp=NOW - 100 * HOUR_MS, keys=(f"o{n}",)) for n in range(5)]
+        await append_records(runtime, "Old", 0, old)
+        [current] = runtime.index.files()
+        assert current.status is IndexFileStatus.UNSEALED
+        assert runtime.metadata.list_index_files()[0].end_timestamp is None
+        assert (await plan_retention(config, now_ms=NOW)).index_files == [current.file_id]
+        assert (await apply_retention(runtime, now_ms=NOW)).index_files == [current.file_id]
+        assert runtime.index.files() == []

@@ -12,7 +12,14 @@ from tieredstore.cli.app import app, state
 from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, run, segment_rows
 from tieredstore.errors import ValidationError
 from tieredstore.metadata import TopicStatus
-from tieredstore.retention import HOUR_MS, QueueRetention, RetentionReport, apply_retention, plan_queue
+from tieredstore.retention import (
+    HOUR_MS,
+    QueueRetention,
+    RetentionReport,
+    apply_retention,
+    index_cutoff,
+    plan_queue,
+)
 from tieredstore.runtime import open_runtime
 
 topic_app = typer.Typer(help="Per-topic settings and removal of a topic's cold data.")
@@ -82,9 +89,9 @@ def _rows(report: RetentionReport) -> list[dict[str, Any]]:
     ]
 
 
-async def _plan(cli_config: Any) -> RetentionReport:
+async def plan_retention(cli_config: Any, *, now_ms: int | None = None) -> RetentionReport:
     """What a retention pass would remove, from the recorded state, without recovery or any write."""
-    now = time.time_ns() // 1_000_000
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(dry_run=True, now_ms=now)
     async with open_read_node(cli_config) as node:
         topics = {t.name: t for t in await asyncio.to_thread(node.metadata.list_topics)}
@@ -97,6 +104,10 @@ async def _plan(cli_config: Any) -> RetentionReport:
             plan: QueueRetention = await plan_queue(flat_file, now - int(info.reserve_hours * HOUR_MS))
             if plan.segments:
                 report.queues.append(plan)
+        cutoff = index_cutoff(now, cli_config.default_reserve_hours, topics.values())
+    # The key index read-only, every namespace, as the real pass would see it.
+    async with open_runtime(cli_config, hot=False, recover=False, create_metadata=False, cold_owner=False) as runtime:
+        report.index_files = await runtime.keys.expired_files(cutoff)
     return report
 
 
@@ -114,7 +125,7 @@ def retention(
 
     async def go() -> RetentionReport:
         if dry_run:
-            return await _plan(cli.config)
+            return await plan_retention(cli.config)
         async with open_runtime(cli.config, hot=False, create_metadata=False) as runtime:
             return await apply_retention(runtime)
 

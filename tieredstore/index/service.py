@@ -325,12 +325,21 @@ class IndexService:
     # ---- records ------------------------------------------------------------------------------------
 
     def files(self) -> list[IndexFileRecord]:
-        """Every index file, oldest first; the current file's counts are live."""
+        """Every index file, oldest first; the current file's counts are live.
+
+        Read-only, a file the owner is still filling is catalogued without its time range: its counts
+        are then read from the local file's header where there is one.
+        """
         return [self._live_record(file_id) for file_id in sorted(self._records)]
 
     def _live_record(self, file_id: int) -> IndexFileRecord:
         record = self._records[file_id]
         current = self._current
+        if self.read_only and record.status is IndexFileStatus.UNSEALED:
+            try:
+                current = self._local_reader(record)
+            except (FileNotFoundError, IntegrityError):
+                return record  # on another machine, or just being created: the catalogue is all there is
         if current is not None and current.file_id == file_id and current.item_count:
             return replace(
                 record,
