@@ -30,6 +30,7 @@ import asyncio
 import functools
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -40,7 +41,7 @@ from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundErro
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of
-from tieredstore.index import IndexEntry, IndexService
+from tieredstore.index import IndexEntry, IndexFileStatus, IndexService
 from tieredstore.leases import LeaseManager
 from tieredstore.local.batch import HotBatch
 from tieredstore.local.store import LocalMessageStore
@@ -263,7 +264,7 @@ class Dispatcher:
             )
             if not len(batch):
                 return
-            await self.index.put(self._index_entries(state, batch))
+            self.metrics.index_items.inc(await self.index.put(self._index_entries(state, batch)))
             offset = batch.next_offset
 
     # ---- the public loop entry points --------------------------------------------------------------
@@ -414,12 +415,16 @@ class Dispatcher:
         return state.flat_file.archived_offset
 
     async def _maintain_index(self) -> None:
-        if self._index_upkeep is None:
+        if self._index_upkeep is None or self.index is None:
             return
         try:
             await self._index_upkeep()
         except (TieredStoreError, OSError) as error:
+            self.metrics.index_upload_failures.inc()
             log.warning("key index upload failed; the next pass retries", error=str(error))
+        states = Counter(record.status for record in self.index.files())
+        for status in IndexFileStatus:
+            self.metrics.index_files.labels(status=status.value).set(states[status])
 
     # ---- scheduling --------------------------------------------------------------------------------
 
@@ -585,7 +590,7 @@ class Dispatcher:
             # The consume queue commits its commit log first: no unit is durable before its bytes.
             await flat_file.consume_queue.commit()
             if self.index is not None and state.unrecorded_entries:
-                await self.index.put(state.unrecorded_entries)
+                self.metrics.index_items.inc(await self.index.put(state.unrecorded_entries))
                 state.unrecorded_entries = []
             await flat_file.commit()
         except (TieredStoreError, OSError) as error:

@@ -51,6 +51,17 @@ class Metrics:
         self.storage_up = Gauge(
             "tieredstore_cold_storage_up", "1 when the last commit reached cold storage, 0 during an outage", registry=r
         )
+        self.index_items = Counter(
+            "tieredstore_index_items", "Key-index items written (one per key of each archived message)", registry=r
+        )
+        self.index_files = Gauge(
+            "tieredstore_index_files", "This archiver's key-index files by state", ["status"], registry=r
+        )
+        self.index_upload_failures = Counter(
+            "tieredstore_index_upload_failures",
+            "Key-index maintenance passes (seal, compact, upload) that failed; the next pass retries",
+            registry=r,
+        )
         self.cache_hits = Counter("tieredstore_read_ahead_hits", "Read-ahead cache hits", registry=r)
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)

@@ -211,6 +211,28 @@ async def test_keys_are_indexed_after_the_commit(archive: Archive) -> None:
     assert await archive.index.query("Keyed", topic_id, "Keyed-2-99", 10, 0, 1 << 62, confirm) == []
 
 
+async def test_key_index_metrics_count_items_files_and_failed_uploads(archive: Archive) -> None:
+    dispatcher = archive.dispatcher(group_commit_count=7, group_commit_timeout=0)
+    archive.put("Keyed", 1, 20, keyed=True)
+    archive.put("Plain", 0, 5)
+    await dispatcher.run_once()
+    registry = archive.metrics.registry
+    assert registry.get_sample_value("tieredstore_index_items_total") == 20
+    await dispatcher.maintain()
+    assert registry.get_sample_value("tieredstore_index_files", {"status": "UNSEALED"}) == 1
+    # Cold storage refusing every write: the file is sealed, its upload fails and is counted.
+    archive.index.provider = FaultyProvider(archive.provider, FaultPlan(fail_before_landing=ALWAYS))
+    await archive.index.seal_current()
+    await dispatcher.maintain()
+    assert registry.get_sample_value("tieredstore_index_upload_failures_total") == 1
+    assert registry.get_sample_value("tieredstore_index_files", {"status": "SEALED"}) == 1
+    archive.index.provider = archive.provider  # storage is back: the next pass uploads it
+    await dispatcher.maintain()
+    assert registry.get_sample_value("tieredstore_index_files", {"status": "UPLOAD"}) == 1
+    assert registry.get_sample_value("tieredstore_index_files", {"status": "SEALED"}) == 0
+    assert registry.get_sample_value("tieredstore_index_upload_failures_total") == 1
+
+
 async def test_a_restarted_dispatcher_continues_where_the_archive_ends(archive: Archive) -> None:
     first = archive.dispatcher(group_commit_timeout=0)
     archive.put("Orders", 0, 10)
