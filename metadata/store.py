@@ -1004,12 +1004,16 @@ class MetadataStore:
         statuses: Iterable[IndexFileStatus] | None = None,
         begin_timestamp: int | None = None,
         end_timestamp: int | None = None,
+        prefix: str | None = None,
     ) -> list[IndexFileRecord]:
         """Index files, optionally only those whose time interval overlaps [begin, end]; oldest first.
 
-        A file with no timestamps yet (no items) overlaps nothing.
+        A file with no timestamps yet (no items) overlaps nothing. ``prefix`` keeps the names that start
+        with it (taken literally: ``_`` and ``%`` are not wildcards).
         """
         statement = select(IndexFile)
+        if prefix is not None:
+            statement = statement.where(IndexFile.name.startswith(prefix, autoescape=True))
         if statuses is not None:
             statement = statement.where(IndexFile.status.in_(list(statuses)))
         if end_timestamp is not None:

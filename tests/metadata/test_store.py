@@ -188,6 +188,13 @@ def test_index_files_by_time_overlap(store: MetadataStore) -> None:
     assert names(begin_timestamp=200, end_timestamp=200) == ["idx-1", "idx-2"]
     assert names(begin_timestamp=301) == []
     assert names(statuses=[IndexFileStatus.UNSEALED]) == ["idx-2", "idx-empty"]
+    # A prefix is literal: '_' and '%' match themselves only (cluster folders contain '_').
+    store.add_index_file("a_b/1")
+    store.add_index_file("axb/2")
+    store.add_index_file("a%b/3")
+    assert names(prefix="a_b/") == ["a_b/1"]
+    assert names(prefix="a%b/") == ["a%b/3"]
+    assert names(prefix="idx-") == ["idx-1", "idx-2", "idx-empty"]
     store.delete_index_file("idx-1")
     with pytest.raises(NotFoundError):
         store.get_index_file("idx-1")

@@ -49,9 +49,9 @@ class MetadataIndexCatalogue:
         )
 
     def list_files(self) -> list[IndexFileRecord]:
-        rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES)
+        rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES, prefix=self.prefix)
         # A nested name belongs to a namespace under this prefix, which has a catalogue of its own.
-        records = [self._record(row) for row in rows if row.name.startswith(self.prefix) and _is_own(row, self.prefix)]
+        records = [self._record(row) for row in rows if _is_own(row, self.prefix)]
         return sorted(records, key=lambda record: record.file_id)
 
     def save(self, record: IndexFileRecord) -> None:
@@ -79,10 +79,10 @@ class MetadataIndexCatalogue:
 
     def namespaces(self) -> set[str]:
         """The namespaces under this prefix that have live index files (not this catalogue's own)."""
-        rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES)
+        rows = self.metadata.list_index_files(statuses=_LIVE_STATUSES, prefix=self.prefix)
         found = set()
         for row in rows:
-            if row.name.startswith(self.prefix) and not _is_own(row, self.prefix):
+            if not _is_own(row, self.prefix):
                 found.add(row.name[len(self.prefix) :].split("/", 1)[0])
         return found
 
