@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
-from tests.archiver.processes import child_env, run_tieredstore
+from tests.archiver.processes import child_env, run_tieredstore, start_tieredstore
 from tieredstore.config import ReadPolicy, load_config
+from tieredstore.errors import TieredStoreError
+from tieredstore.metadata import MetadataStore
 from tieredstore.store import AsyncTieredMessageStore
 
 SETTINGS: dict[str, Any] = {
@@ -73,3 +77,74 @@ async def test_application_owns_the_hot_store_archiver_follows_and_retention_wai
         again = await asyncio.to_thread(run_tieredstore, ["--output", "json", "run", "--once", "--no-demo"], env)
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout.strip().splitlines()[-1])["messages"] == 1
+
+
+async def test_a_follower_started_before_its_writer_waits_for_the_hot_store_then_archives_it(
+    tmp_path: Path,
+) -> None:
+    # A deployment starts everything at once: the archiver may come up before the application has
+    # created the hot store. It waits (saying so) instead of exiting, then archives as usual.
+    data_dir = tmp_path / "data"
+    env = child_env({"TIEREDSTORE_DATA_DIR": data_dir, "TIEREDSTORE_ARCHIVER__GROUP_COMMIT_TIMEOUT": 0.2, **SETTINGS})
+    stderr = tmp_path / "archiver.err"
+    archiver = start_tieredstore(
+        ["--output", "json", "run", "--no-demo", "--hot-mode", "follower", "--duration", "60"], env, stderr
+    )
+    try:
+        await _until(lambda: "waiting for the hot store" in stderr.read_text(), "the archiver to say it waits")
+        assert archiver.poll() is None, stderr.read_text()
+        config = load_config(data_dir=data_dir)
+        async with AsyncTieredMessageStore.open(config, read_policy=ReadPolicy.NOT_IN_DISK) as store:
+            for n in range(30):
+                await store.put_message("Orders", 0, f"order-{n}".encode(), keys=[f"order-{n}"])
+            await _until(lambda: _archived(config) == 30, "the archiver to archive what was put")
+        archiver.send_signal(signal.SIGTERM)
+        stdout, _ = archiver.communicate(timeout=30)
+    finally:
+        if archiver.poll() is None:
+            archiver.kill()
+            archiver.wait()
+    assert archiver.returncode == 0, stderr.read_text()
+    assert "appeared" in stderr.read_text()
+    assert json.loads(stdout.decode().strip().splitlines()[-1])["messages"] == 30
+
+
+def test_a_waiting_follower_stops_cleanly_on_sigterm_and_once_does_not_wait(tmp_path: Path) -> None:
+    env = child_env({"TIEREDSTORE_DATA_DIR": tmp_path / "data"})
+    stderr = tmp_path / "archiver.err"
+    archiver = start_tieredstore(["run", "--no-demo", "--hot-mode", "follower"], env, stderr)
+    try:
+        deadline = time.monotonic() + 30
+        while "waiting for the hot store" not in stderr.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        archiver.send_signal(signal.SIGTERM)
+        archiver.wait(timeout=10)
+    finally:
+        if archiver.poll() is None:
+            archiver.kill()
+            archiver.wait()
+    assert archiver.returncode == 0, stderr.read_text()
+    assert "stopped before the hot store appeared" in stderr.read_text()
+    once = run_tieredstore(["run", "--once", "--no-demo", "--hot-mode", "follower"], env)
+    assert once.returncode != 0 and "there is no hot store to follow" in once.stderr
+    assert not (tmp_path / "data" / "hot").exists()
+
+
+UNTIL_SECONDS = 30
+
+
+def _archived(config: Any) -> int:
+    with MetadataStore(config.effective_metadata_url) as metadata:
+        return sum(queue.max_offset for queue in metadata.list_queues())
+
+
+async def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + UNTIL_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if await asyncio.to_thread(condition):
+                return
+        except (FileNotFoundError, TieredStoreError):
+            pass  # the file or database is not there yet
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {UNTIL_SECONDS}s: {what}")

@@ -4,7 +4,8 @@ SIGTERM or SIGINT stops it cleanly: no new batches are taken, in-flight commits 
 signal abandons them; the next start recovers), positions are flushed to metadata, and the exit code
 is 0 within ``shutdown_timeout``. ``--once`` archives what the hot store holds and exits (cron, tests).
 ``--hot-mode``: by default the archiver owns the hot store when its writer lock is free (the demo and
-producers in this process) and follows it read-only when a producer process holds the lock.
+producers in this process) and follows it read-only when a producer process holds the lock. A
+``--hot-mode follower`` started before the producer has created the hot store waits for it.
 
 Several archivers on one PostgreSQL split the queues by lease (``[archiver] leases``, on by default
 for PostgreSQL; ``--owner-id`` names the process in the queues table). On SQLite the archiver is
@@ -231,7 +232,45 @@ def _uses_leases(config: TieredStoreConfig) -> bool:
     return parse_url(config.effective_metadata_url).get_backend_name() == "postgresql"
 
 
+# How often a follower started before its writer looks for the hot store again.
+HOT_STORE_POLL = 1.0
+
+
+async def _hot_store_exists(cli: CliState, config: TieredStoreConfig, options: RunOptions) -> bool:
+    """A follower started before its writer (a deployment starting all at once) waits for the hot store.
+
+    False when SIGTERM/SIGINT or ``--duration`` ends the wait first. ``--once`` does not wait: with no
+    hot store there is nothing to archive now, and it says so as an error.
+    """
+    hot_dir = config.hot_dir
+    if options.hot_mode != "follower" or options.once or hot_dir.is_dir():
+        return True
+    cli.output.note(f"waiting for the hot store {hot_dir}: its writer has not created it yet")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    deadline = None if options.duration is None else time.monotonic() + options.duration
+    try:
+        while not hot_dir.is_dir():
+            timeout = HOT_STORE_POLL if deadline is None else min(HOT_STORE_POLL, deadline - time.monotonic())
+            if stop.is_set() or timeout <= 0:
+                cli.output.note("stopped before the hot store appeared; nothing was archived")
+                return False
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=timeout)
+            except TimeoutError:
+                continue
+        cli.output.note(f"the hot store {hot_dir} appeared")
+        return True
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
 async def _archive(cli: CliState, config: TieredStoreConfig, options: RunOptions) -> dict[str, Any]:
+    if not await _hot_store_exists(cli, config, options):
+        return _summary(DispatchStats(), [], None)
     # Before anything is opened: a second archiver on one SQLite database must not touch it at all.
     single = SingleArchiverLock.for_url(config.effective_metadata_url)
     if single is None:
@@ -379,7 +418,7 @@ def run(
         HotMode,
         typer.Option(
             help="auto: own the hot store if its writer lock is free, else follow it; writer: own it or fail; "
-            "follower: only read it (a producer process owns it).",
+            "follower: only read it (a producer process owns it; waits until that process has created it).",
         ),
     ] = "auto",
     owner_id: Annotated[
