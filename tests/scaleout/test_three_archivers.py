@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -180,6 +181,8 @@ def test_three_archivers_pause_and_kill_every_message_archived_exactly_once(tmp_
             "TIEREDSTORE_ARCHIVER__SCAN_INTERVAL": 0.2,
             "TIEREDSTORE_ARCHIVER__SHUTDOWN_TIMEOUT": 10,
             "TIEREDSTORE_HOT__MAX_QUEUES_PER_TOPIC": QUEUES_PER_TOPIC,
+            # Maintenance (key-index upload, and the sweep of a killed archiver's namespace) every 2 s.
+            "TIEREDSTORE_ARCHIVER__MAINTAIN_INTERVAL": 2,
         }
     )
     producer = Producer(env)
@@ -281,6 +284,14 @@ def test_three_archivers_pause_and_kill_every_message_archived_exactly_once(tmp_
     # Each archiver indexed keys in a namespace of its own (the killed one's too): query-key finds them all.
     expected, found = asyncio.run(_key_hits(config, "k7"))
     assert found == expected and len(expected) > 100
+    # The killed archiver's namespace was swept by a survivor: its files are in cold storage, none left local.
+    killed = re.search(r"key index namespace (\S+)", logs["b"].read_text())
+    assert killed is not None, logs["b"].read_text()[:2000]
+    namespace = killed.group(1)
+    assert not list((config.data_dir / "index" / namespace).glob("*.index"))
+    with MetadataStore(postgres_url) as store:
+        rows = [row for row in store.list_index_files() if f"/{namespace}/" in row.name]
+    assert rows and {row.status.value for row in rows} == {"UPLOAD"}, rows
     print(
         f"scale-out: {producer.produced} messages over 64 queues; a lost {len(before_pause)} leases while paused; "
         f"summaries {summaries}"
