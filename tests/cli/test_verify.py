@@ -92,3 +92,23 @@ def test_verify_of_unknown_things_is_not_found(posix: Node) -> None:
     assert posix("verify", "Nope").exit_code == 3
     assert posix("verify", TOPIC, "--queue", "9").exit_code == 3
     assert posix("verify", "--queue", "0").exit_code == 2
+
+
+def test_the_key_index_is_verified_when_everything_is(posix: Node) -> None:
+    # Small index files: the archive's 200 keys fill three, which are sealed and uploaded.
+    posix.env.update({"TIEREDSTORE_INDEX__INDEX_MAX_ITEMS": "64", "TIEREDSTORE_INDEX__INDEX_SLOT_COUNT": "16"})
+    archived(posix)
+    clean = posix("verify", output="json").json()
+    assert clean["ok"] is True and clean["index_files"] == 3
+    index_dir = posix.data_dir / "cold" / BROKER_PATH / "rmq_sys_INDEX" / "0" / "INDEX"
+    uploaded = sorted(index_dir.iterdir())
+    assert len(uploaded) == clean["index_files"]
+    gone = uploaded[-1]
+    gone.unlink()
+    shutil.copyfile(uploaded[0], index_dir / segment_name(12345))
+    result = posix("verify", output="json")
+    assert result.exit_code == 5
+    found = sorted((p["kind"], p["file_type"], p["base_offset"]) for p in result.json()["problems"])
+    assert found == [("MISSING_OBJECT", "INDEX", int(gone.name[8:])), ("ORPHAN_OBJECT", "INDEX", 12345)]
+    # One topic's check leaves the key index alone.
+    assert posix("verify", TOPIC, output="json").exit_code == 0

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.read.helpers import make_config
+from tieredstore.cli.common import open_read_node
+from tieredstore.cli.verify import verify_archive
 from tieredstore.config import TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.errors import IntegrityError
@@ -138,6 +140,12 @@ async def test_lease_archivers_index_in_namespaces_readers_merge_and_a_gone_arch
                     path.unlink()
                 hits = await _query(reader, "order-2-11")
                 assert [(h.queue_id, h.queue_offset) for h in hits] == [(2, 11)]
+
+                # verify checks every namespace's uploaded files against their objects.
+                async with open_read_node(config) as node:
+                    report = await verify_archive(node)
+                assert report.ok, report.problems
+                assert report.index_files == len(rows)
 
                 # Retention (the CLI's, on the root namespace) removes every namespace's expired uploads,
                 # and leaves a file another archiver is still filling to that archiver.

@@ -16,6 +16,11 @@ sealed, and any gap in the commit log, is still a SEGMENT_GAP.
 
 The last segment of a file may hold bytes beyond its row while the archiver is between a commit
 and its metadata update; that is a note (recovery settles it), not a problem.
+
+Checking everything (no TOPIC) also checks the key index of every namespace: each uploaded index
+file has its object with the recorded size (MISSING_OBJECT, SIZE_MISMATCH), and no INDEX object
+exists that the catalogue does not know (ORPHAN_OBJECT). An object of a file still SEALED is an
+upload in progress: a note.
 """
 
 from __future__ import annotations
@@ -44,8 +49,8 @@ from tieredstore.flat.checker import check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE
-from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, segment_key
-from tieredstore.metadata import QueuePosition, SegmentRecord, SegmentStatus
+from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, index_path, segment_key
+from tieredstore.metadata import IndexFileRecord, IndexFileStatus, QueuePosition, SegmentRecord, SegmentStatus
 
 UNIT_BATCH = 8192
 
@@ -82,6 +87,7 @@ class VerifyReport:
     segments: int = 0
     units: int = 0
     records: int = 0
+    index_files: int = 0  # uploaded key-index files checked
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -97,6 +103,7 @@ class VerifyReport:
             "segments": self.segments,
             "units": self.units,
             "records": self.records,
+            "index_files": self.index_files,
             "problems": [asdict(p) for p in self.problems],
             "notes": list(self.notes),
         }
@@ -120,7 +127,53 @@ async def verify_archive(
         report.queues += 1
     if queue_id is None:
         await _find_orphan_folders(node, topic, {(p.topic, p.queue_id) for p in positions}, report)
+    if topic is None:
+        await _verify_key_index(node, report)
     return report
+
+
+async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
+    """Uploaded index files of every namespace against their objects, and INDEX objects nobody catalogued."""
+    root = index_path(node.config.cluster, node.config.broker)
+    rows = await asyncio.to_thread(node.metadata.list_index_files, prefix=root + "/")
+    catalogued: dict[str, dict[int, IndexFileRecord]] = {}
+    for row in rows:
+        folder, _, name = row.name.rpartition("/")
+        if name.isdigit():
+            catalogued.setdefault(folder, {})[int(name)] = row
+    # Namespace folders (an archiver's whose rows are all gone too) sit beside the root's INDEX folder.
+    folders = {root, *catalogued}
+    folders |= {f"{root}/{child}" for child in await node.provider.list_children(root) if child != FileType.INDEX.value}
+    for folder in sorted(folders):
+        files = catalogued.get(folder, {})
+        for file_id, row in sorted(files.items()):
+            if row.status is not IndexFileStatus.UPLOAD:
+                continue
+            report.index_files += 1
+            key = segment_key(folder, FileType.INDEX, file_id)
+            real = await node.provider.segment(FileType.INDEX, folder, file_id, commit_position=row.size).real_size()
+            if real == row.size:
+                continue
+            if real == 0 and row.size > 0:
+                kind, detail = "MISSING_OBJECT", f"the key index records {row.size} bytes (UPLOAD), the object is gone"
+            else:
+                kind, detail = "SIZE_MISMATCH", f"the key index records {row.size} bytes, the provider holds {real}"
+            report.problems.append(Problem(kind, key, detail, file_type=FileType.INDEX.value, base_offset=file_id))
+        for file_id in await node.provider.list_segments(folder, FileType.INDEX):
+            key = segment_key(folder, FileType.INDEX, file_id)
+            known = files.get(file_id)
+            if known is None:
+                report.problems.append(
+                    Problem(
+                        "ORPHAN_OBJECT",
+                        key,
+                        "the provider holds this index file but the key-index catalogue has no row for it",
+                        file_type=FileType.INDEX.value,
+                        base_offset=file_id,
+                    )
+                )
+            elif known.status is not IndexFileStatus.UPLOAD:
+                report.notes.append(f"{key}: index file {known.status.value}, its upload is in progress")
 
 
 async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyReport) -> None:
@@ -392,6 +445,8 @@ def verify(
         checked = f"{report.queues} queues, {report.segments} segments, {report.units} units"
         if deep:
             checked += f", {report.records} records"
+        if report.index_files:
+            checked += f", {report.index_files} index files"
         verdict = "ok" if report.ok else f"{len(report.problems)} problems"
         cli.output.line(f"verify: {verdict} ({checked})")
     if not report.ok:
