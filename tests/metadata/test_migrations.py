@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from tieredstore.errors import ConfigError, SchemaVersionError
-from tieredstore.metadata import MetadataStore, check_schema, current, downgrade, head, upgrade
+from tieredstore.metadata import MetadataStore, check_schema, current, downgrade, head, migrate, upgrade
 from tieredstore.metadata.engine import create_metadata_engine
 from tieredstore.metadata.models import Base
 
@@ -133,3 +135,21 @@ def test_migrations_run_without_alembic_ini(metadata_url: str, tmp_path: Path, m
     monkeypatch.chdir(tmp_path)  # no alembic.ini anywhere near the working directory
     upgrade(metadata_url)
     assert current(metadata_url) == head()
+
+
+def test_the_fast_schema_check_knows_the_packaged_head() -> None:
+    # Opening a store compares the database with migrate.HEAD without importing Alembic: a migration
+    # added without moving HEAD would let a database one revision behind pass as current.
+    assert head() == migrate.HEAD
+
+
+def test_a_store_opens_without_importing_alembic(metadata_url: str, tmp_path: Path) -> None:
+    upgrade(metadata_url)
+    script = (
+        "import sys; from tieredstore.metadata import MetadataStore\n"
+        f"MetadataStore({metadata_url!r}).close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
