@@ -33,12 +33,13 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import structlog
 
 from tieredstore.config import ArchiverSettings
 from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundError, TieredStoreError
-from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.flat.message_file import FlatMessageFile, RecoveryResult
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of
 from tieredstore.index import IndexEntry, IndexFileStatus, IndexService
@@ -250,14 +251,22 @@ class Dispatcher:
         for (topic, queue_id), error in report.failed.items():
             log.error("cold queue could not be recovered", topic=topic, queue_id=queue_id, error=str(error))
         for (topic, queue_id), result in report.changed.items():
-            if result.archived_offset > result.previous_archived_offset and self.index is not None:
-                state = await self._state(topic, queue_id)
-                await self._reindex(state, result.previous_archived_offset, result.archived_offset)
+            if self._recovery_to_reindex(result):
+                await self._reindex(await self._state(topic, queue_id), result)
         self._started = True
 
-    async def _reindex(self, state: _QueueState, start: int, end: int) -> None:
+    def _recovery_to_reindex(self, result: RecoveryResult | None) -> TypeGuard[RecoveryResult]:
+        """Whether recovery found messages archived that metadata had not recorded (and we index keys)."""
+        return (
+            result is not None and self.index is not None and result.archived_offset > result.previous_archived_offset
+        )
+
+    async def _reindex(self, state: _QueueState, result: RecoveryResult) -> None:
+        """Index the keys of what recovery found archived but unrecorded: its index entries may never have
+        been written."""
+        end = result.archived_offset
         hot_min = await asyncio.to_thread(self.hot.min_offset, state.topic, state.queue_id)
-        offset = max(start, hot_min)
+        offset = max(result.previous_archived_offset, hot_min)
         while offset < end and self.index is not None:
             batch = await asyncio.to_thread(
                 self.hot.read_batch, state.topic, state.queue_id, offset, min(1024, end - offset)
@@ -732,10 +741,10 @@ class Dispatcher:
             self._topic_ids[topic] = topic_id
         state.flat_file = flat_file
         state.topic_id = topic_id
-        if recovered is not None and recovered.archived_offset > recovered.previous_archived_offset:
+        if self._recovery_to_reindex(recovered):
             # Opened under a lease: whoever wrote the queue before may have died between the consume
             # queue's commit and its index entries (``start`` does the same for every queue without leases).
-            await self._reindex(state, recovered.previous_archived_offset, recovered.archived_offset)
+            await self._reindex(state, recovered)
 
     async def _open_new(self, keys: Iterable[QueueKey]) -> None:
         """Open the cold queues not opened yet, several at once: first sight of many queues is metadata-bound."""

@@ -50,7 +50,9 @@ from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE
 from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, index_path, segment_key
-from tieredstore.metadata import IndexFileRecord, IndexFileStatus, QueuePosition, SegmentRecord, SegmentStatus
+from tieredstore.index.catalogue import MetadataIndexCatalogue
+from tieredstore.index.service import IndexFileStatus, namespace_path
+from tieredstore.metadata import QueuePosition, SegmentRecord, SegmentStatus
 
 UNIT_BATCH = 8192
 
@@ -135,29 +137,29 @@ async def verify_archive(
 async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
     """Uploaded index files of every namespace against their objects, and INDEX objects nobody catalogued."""
     root = index_path(node.config.cluster, node.config.broker)
-    rows = await asyncio.to_thread(node.metadata.list_index_files, prefix=root + "/")
-    catalogued: dict[str, dict[int, IndexFileRecord]] = {}
-    for row in rows:
-        folder, _, name = row.name.rpartition("/")
-        if name.isdigit():
-            catalogued.setdefault(folder, {})[int(name)] = row
-    # Namespace folders (an archiver's whose rows are all gone too) sit beside the root's INDEX folder.
-    folders = {root, *catalogued}
-    folders |= {f"{root}/{child}" for child in await node.provider.list_children(root) if child != FileType.INDEX.value}
-    for folder in sorted(folders):
-        files = catalogued.get(folder, {})
-        for file_id, row in sorted(files.items()):
-            if row.status is not IndexFileStatus.UPLOAD:
+    # The catalogue's own naming says which rows are whose; a namespace's folder whose rows are all
+    # gone still sits in storage beside the root's INDEX folder.
+    namespaces = await asyncio.to_thread(MetadataIndexCatalogue(node.metadata, root).namespaces)
+    children = await node.provider.list_children(root)
+    namespaces |= {child for child in children if child != FileType.INDEX.value}
+    for namespace in sorted({"", *namespaces}):
+        folder = namespace_path(root, namespace)
+        catalogue = MetadataIndexCatalogue(node.metadata, folder)
+        files = {record.file_id: record for record in await asyncio.to_thread(catalogue.list_files)}
+        for file_id, record in sorted(files.items()):
+            if record.status is not IndexFileStatus.UPLOAD:
                 continue
             report.index_files += 1
             key = segment_key(folder, FileType.INDEX, file_id)
-            real = await node.provider.segment(FileType.INDEX, folder, file_id, commit_position=row.size).real_size()
-            if real == row.size:
+            segment = node.provider.segment(FileType.INDEX, folder, file_id, commit_position=record.size)
+            real = await segment.real_size()
+            if real == record.size:
                 continue
-            if real == 0 and row.size > 0:
-                kind, detail = "MISSING_OBJECT", f"the key index records {row.size} bytes (UPLOAD), the object is gone"
+            recorded = f"the key index records {record.size} bytes"
+            if real == 0 and record.size > 0:
+                kind, detail = "MISSING_OBJECT", f"{recorded} (UPLOAD), the object is gone"
             else:
-                kind, detail = "SIZE_MISMATCH", f"the key index records {row.size} bytes, the provider holds {real}"
+                kind, detail = "SIZE_MISMATCH", f"{recorded}, the provider holds {real}"
             report.problems.append(Problem(kind, key, detail, file_type=FileType.INDEX.value, base_offset=file_id))
         for file_id in await node.provider.list_segments(folder, FileType.INDEX):
             key = segment_key(folder, FileType.INDEX, file_id)

@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 
 from tieredstore.errors import IntegrityError
-from tieredstore.index.service import ConfirmKeys, IndexFileStatus, IndexHit, IndexService
+from tieredstore.index.service import ConfirmKeys, IndexHit, IndexService
 
 log = structlog.get_logger(__name__)
 
@@ -142,8 +142,7 @@ class KeyIndex:
 
     async def _others(self) -> list[IndexService]:
         """A started read-only service for every namespace but our own, the root one first."""
-        names = set(await asyncio.to_thread(lambda: set(self._namespaces())))
-        names.add("")
+        names = {"", *await asyncio.to_thread(self._namespaces)}
         names.discard(self.own.namespace)
         services = []
         for name in sorted(names):
@@ -186,28 +185,16 @@ class KeyIndex:
 
     async def expired_files(self, before_timestamp: int) -> list[int]:
         """The ids ``delete_expired`` would remove now (for a dry run)."""
-        expired = [
-            record.file_id
-            for record in self.own.files()
-            if record.item_count and record.end_timestamp is not None and record.end_timestamp < before_timestamp
-        ]
+        expired = await self.own.expired_files(before_timestamp)
         for reader in await self._others():
-            await reader.start()  # a read-only start reloads the catalogue
-            expired += [
-                record.file_id
-                for record in reader.files()
-                if record.status is IndexFileStatus.UPLOAD
-                and record.item_count
-                and record.end_timestamp is not None
-                and record.end_timestamp < before_timestamp
-            ]
+            expired += await reader.expired_files(before_timestamp, uploaded_only=True)
         return expired
 
     async def delete_expired(self, before_timestamp: int) -> list[int]:
         """Our own expired files, and the expired uploaded files of every other namespace; returns their ids."""
         removed = await self.own.delete_expired(before_timestamp)
         for reader in await self._others():
-            removed += await reader.delete_expired_uploads(before_timestamp)
+            removed += await reader.delete_expired(before_timestamp, uploaded_only=True)
         return removed
 
     async def maintain(self) -> list[int]:

@@ -517,59 +517,58 @@ class IndexService:
         self._sealed_path(file_id).unlink(missing_ok=True)
         fsync_directory(self.directory)
 
-    async def _forget(self, record: IndexFileRecord) -> None:
-        """Delete a file everywhere it is; the caller holds the write lock."""
+    async def _forget(self, record: IndexFileRecord, *, local: bool = True) -> None:
+        """Delete a file from cold storage, the index directory (``local``) and the catalogue; under the write lock."""
         if record.status is IndexFileStatus.UPLOAD:
             await self.provider.segment(FileType.INDEX, self.index_path, record.file_id).destroy()
-        await asyncio.to_thread(self._remove_local, record.file_id)
+        if local:
+            await asyncio.to_thread(self._remove_local, record.file_id)
         await asyncio.to_thread(self._catalogue.remove, record.file_id)
         self._records.pop(record.file_id, None)
 
     # ---- retention ----------------------------------------------------------------------------------
 
-    async def delete_expired(self, before_timestamp: int) -> list[int]:
+    def _expired(self, before_timestamp: int, *, uploaded_only: bool) -> list[IndexFileRecord]:
+        """Files whose newest item is older than ``before_timestamp`` (live counts for the current file)."""
+        return [
+            record
+            for record in self.files()
+            if record.item_count
+            and record.end_timestamp is not None
+            and record.end_timestamp < before_timestamp
+            and (record.status is IndexFileStatus.UPLOAD or not uploaded_only)
+        ]
+
+    async def expired_files(self, before_timestamp: int, *, uploaded_only: bool = False) -> list[int]:
+        """The ids ``delete_expired`` would remove now, changing nothing (a dry run)."""
+        self._require_started()
+        if self.read_only:
+            await asyncio.to_thread(self._reload_catalogue)
+        return [record.file_id for record in self._expired(before_timestamp, uploaded_only=uploaded_only)]
+
+    async def delete_expired(self, before_timestamp: int, *, uploaded_only: bool = False) -> list[int]:
         """Delete every index file whose newest item is older than ``before_timestamp``; returns their ids.
 
         Cold bytes go first, then local files, then the record, so an interrupted deletion is finished
-        by the next call instead of leaving a record that points at nothing.
+        by the next call instead of leaving a record that points at nothing. ``uploaded_only`` is
+        retention of a namespace whose archiver runs elsewhere, or is gone, and is allowed read-only:
+        its uploaded files are immutable, so deleting them cannot race a write, and its local files
+        are left to their owner.
         """
-        self._refuse_if_read_only("delete index files")
-        self._require_started()
-        removed = []
-        async with self._maintain_lock, self._write_lock:
-            for file_id in sorted(self._records):
-                record = self._live_record(file_id)
-                if record.end_timestamp is None or record.item_count == 0 or record.end_timestamp >= before_timestamp:
-                    continue
-                current = self._current
-                if current is not None and current.file_id == file_id:
-                    current.close()
-                    self._current = None
-                await self._forget(record)
-                removed.append(file_id)
-        return removed
-
-    async def delete_expired_uploads(self, before_timestamp: int) -> list[int]:
-        """Like ``delete_expired`` for uploaded files only; allowed read-only (they have no local files).
-
-        Retention of a namespace whose archiver runs elsewhere, or is gone: its uploaded files are
-        immutable, so deleting them cannot race a write; its local files are left to their owner.
-        """
+        if not uploaded_only:
+            self._refuse_if_read_only("delete index files")
         self._require_started()
         if self.read_only:
             await asyncio.to_thread(self._reload_catalogue)
         removed = []
         async with self._maintain_lock, self._write_lock:
-            for file_id in sorted(self._records):
-                record = self._records[file_id]
-                if record.status is not IndexFileStatus.UPLOAD or record.end_timestamp is None:
-                    continue
-                if record.item_count == 0 or record.end_timestamp >= before_timestamp:
-                    continue
-                await self.provider.segment(FileType.INDEX, self.index_path, file_id).destroy()
-                await asyncio.to_thread(self._catalogue.remove, file_id)
-                self._records.pop(file_id, None)
-                removed.append(file_id)
+            for record in self._expired(before_timestamp, uploaded_only=uploaded_only):
+                current = self._current
+                if current is not None and current.file_id == record.file_id:
+                    current.close()
+                    self._current = None
+                await self._forget(record, local=not uploaded_only)
+                removed.append(record.file_id)
         return removed
 
     # ---- lookups ------------------------------------------------------------------------------------
