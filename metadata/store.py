@@ -299,6 +299,7 @@ class MetadataStore:
         self._write_engine = self._engine.execution_options(**{IMMEDIATE_OPTION: True})
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self._epoch_fence: EpochFence | None = None
+        self._storage_hold_ms: int | None = None
         # PostgreSQL only: ms a transaction may wait on this process (None: the server's setting).
         self._idle_transaction_ms: int | None = None
         if self.dialect == "postgresql":
@@ -352,14 +353,19 @@ class MetadataStore:
             event.remove(self._engine, "checkout", self._apply_idle_transaction_limit)
         self._engine.dispose()
 
-    def set_epoch_fence(self, fence: EpochFence | None) -> None:
+    def set_epoch_fence(self, fence: EpochFence | None, *, storage_hold_ms: int | None = None) -> None:
         """From now on every queue-position update names the epoch ``fence`` says this process holds.
 
         An archiver holding leases installs its lease table here, so that writers that know nothing
         of leases (the flat files record their own positions) are fenced all the same. Segment changes
         that name their ``queue`` (add, update, delete) are fenced too, in their own transaction.
+        ``storage_hold_ms`` is how long ``check_lease`` keeps the lease from being taken over after it
+        passes (see there); the lease duration is the natural value.
         """
+        if storage_hold_ms is not None and storage_hold_ms <= 0:
+            raise ValidationError(f"storage hold {storage_hold_ms} ms must be positive")
         self._epoch_fence = fence
+        self._storage_hold_ms = storage_hold_ms if fence is not None else None
 
     def _require_lease(self, session: Session, queue: QueueKey | None) -> None:
         """Raise LeaseLostError unless ``queue`` is still at the lease epoch the installed fence says we hold.
@@ -393,11 +399,32 @@ class MetadataStore:
 
         For a storage change that must not happen once another archiver owns the queue (deleting or
         cutting objects): checked just before it, since storage cannot join a metadata transaction.
+
+        An epoch that is still current only says nobody has taken the queue over *yet*: the lease may
+        have expired already (renewals failing), and a takeover could then come between this check and
+        the deletion it guards. So with a ``storage_hold_ms`` the same transaction also pushes the
+        lease's expiry to at least the database's now plus the hold: no peer can take the queue over
+        until then, and the change that follows has that long to reach storage. A queue this process
+        released (no owner; the next owner may take it at once) is refused as lost.
         """
-        if self._epoch_fence is None:
+        fence = self._epoch_fence
+        if fence is None:
             return
         with self._writing("check a lease") as session:
             self._require_lease(session, queue)
+            if self._storage_hold_ms is None:
+                return
+            topic, queue_id = queue
+            held_until = self._database_now_ms(session) + self._storage_hold_ms
+            topic_id = select(Topic.id).where(Topic.name == topic).scalar_subquery()
+            owned = (Queue.topic_id == topic_id, Queue.queue_id == queue_id, Queue.epoch == fence(topic, queue_id))
+            found = session.execute(select(Queue.owner, Queue.lease_expiry).where(*owned)).one_or_none()
+            if found is None or found.owner is None:
+                raise LeaseLostError(
+                    f"queue {topic}/{queue_id} was released: its cold segments are no longer this archiver's to change"
+                )
+            if found.lease_expiry is None or found.lease_expiry < held_until:
+                session.execute(update(Queue).where(*owned).values(lease_expiry=held_until))
 
     def limit_idle_transactions(self, seconds: float | None) -> None:
         """Have PostgreSQL end any transaction of this store that waits on this process for ``seconds``.

@@ -242,7 +242,8 @@ class Dispatcher:
         if self.leases is not None:
             # Queues are recovered one by one as their leases are acquired: recovering a queue another
             # archiver is writing would cut its committed-but-unrecorded bytes.
-            self.metadata.set_epoch_fence(self.leases.epoch_of)
+            # A deletion in cold storage holds the queue's lease for a lease duration first: see check_lease.
+            self.metadata.set_epoch_fence(self.leases.epoch_of, storage_hold_ms=self.leases.ttl_ms)
             await self._lease_round()
             self._lease_task = asyncio.create_task(self._lease_loop())
             self._started = True

@@ -18,7 +18,10 @@ starting batches on its queues before any other archiver can take them over. A p
 that (SIGSTOP, a long GC, a frozen VM) cannot know it was paused; the epoch fences it instead: every
 position update names the epoch held (``MetadataStore.set_epoch_fence``) and fails with
 LeaseLostError after a takeover, and cold storage refuses to overwrite committed bytes
-(CommitConflictError). Both mean "this queue is lost", never "retry".
+(CommitConflictError). Both mean "this queue is lost", never "retry". Deleting or cutting cold objects
+cannot be refused by storage, so ``MetadataStore.check_lease`` comes first, and (installed with
+``storage_hold_ms``) also holds the lease a full duration from the database's clock: a process paused
+for less than that between the check and the deletion cannot delete what a successor wrote.
 
 A process paused in the middle of a metadata transaction holds row locks, and takeovers skip locked
 rows (they never wait on a peer). So the manager has PostgreSQL end any transaction of its store that

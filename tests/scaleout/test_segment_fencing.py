@@ -7,6 +7,7 @@ waking, seal the successor's open segment or add a segment row at its own (older
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -89,3 +90,54 @@ async def test_a_zombie_archivers_roll_changes_nothing_the_successor_sees(stores
     rows = successor_store.list_segments(PATH, FileType.COMMIT_LOG)
     assert [(r.base_offset, r.status) for r in rows] == [(0, SegmentStatus.NEW)]
     assert await provider.segment(FileType.COMMIT_LOG, PATH, 0, commit_position=150).read(0, 100) == b"a" * 100
+
+
+def test_a_passed_lease_check_holds_the_queue_until_the_deletion_it_guards_is_done(
+    stores: list[MetadataStore],
+) -> None:
+    """A lease past its expiry but not yet taken over passes the epoch check; the check must then hold
+    it, or a successor could take the queue between the check and the deletion, and the zombie's late
+    delete would remove what the successor wrote there."""
+    zombie_store, successor_store = stores
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
+    time.sleep(1.7)  # expired: renewals stopped (a stall), but nobody has taken the queue yet
+    zombie_store.check_lease(QUEUE)  # about to cut orphan bytes
+    successor = LeaseManager(successor_store, owner="successor", lease_duration=1.5, renew_interval=0.5)
+    successor.round()
+    assert not successor.holds(QUEUE), "the queue was taken over between the check and the deletion"
+    time.sleep(1.7)  # the hold is over and the zombie did not renew: now the takeover goes ahead
+    successor.round()
+    assert successor.holds(QUEUE)
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        zombie_store.check_lease(QUEUE)
+
+
+async def test_a_zombie_truncation_before_a_takeover_holds_the_queue(
+    stores: list[MetadataStore],
+) -> None:
+    zombie_store, successor_store = stores
+    provider = MemoryProvider()
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
+    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, queue=QUEUE)
+    await zombie_log.append(b"a" * 100, BASE_TIMESTAMP)
+    await zombie_log.commit()
+    await asyncio.sleep(1.7)
+    await zombie_log.truncate(40)  # expired but not taken over: allowed, and it holds the queue
+    successor = LeaseManager(successor_store, owner="successor", lease_duration=1.5, renew_interval=0.5)
+    assert not successor.round().acquired
+    assert await provider.segment(FileType.COMMIT_LOG, PATH, 0, commit_position=40).read(0, 40) == b"a" * 40
+
+
+def test_a_released_queue_refuses_storage_changes(stores: list[MetadataStore]) -> None:
+    """Once released (no owner), the next archiver may take the queue at once: nothing is held for it."""
+    zombie_store, _ = stores
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
+    zombie_store.release_leases("zombie")  # e.g. shutting down while a deletion was about to start
+    with pytest.raises(LeaseLostError, match="released"):
+        zombie_store.check_lease(QUEUE)
