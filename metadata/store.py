@@ -394,6 +394,11 @@ class MetadataStore:
                 "another archiver took it over; its segments were not changed"
             )
 
+    @property
+    def fenced(self) -> bool:
+        """Whether an epoch fence is installed: this process writes queues under leases, beside other archivers."""
+        return self._epoch_fence is not None
+
     def check_lease(self, queue: QueueKey) -> None:
         """LeaseLostError unless the installed fence's epoch for ``queue`` is still current (no-op without one).
 

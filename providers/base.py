@@ -188,6 +188,19 @@ class FileSegment(abc.ABC):
         """Refuse further appends (FILE_CLOSED); buffered bytes may still be committed."""
         self._closed = True
 
+    def forget_after(self, size: int) -> None:
+        """Count only the first ``size`` committed bytes from now on, without any storage call; drops buffers.
+
+        The later bytes stay in storage, past the size the caller then records (sealing the segment),
+        where no read goes: reads stop at the commit position. For bytes nobody may delete (see
+        ``FlatAppendFile.abandon_tail``).
+        """
+        if not 0 <= size <= self._commit_position:
+            raise ValidationError(f"{self.key}: cannot count {size} of {self._commit_position} committed bytes")
+        self._commit_position = size
+        self._buffers = []
+        self._buffered_bytes = 0
+
     # ---- appends and commits ---------------------------------------------------------------------
 
     def append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -9,7 +11,10 @@ import pytest
 
 from tests.cli.helpers import Node
 from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.config import TieredStoreConfig, load_config
 from tieredstore.formats.naming import cluster_folder, segment_name
+from tieredstore.leases import LeaseManager
+from tieredstore.runtime import open_runtime
 
 BROKER_PATH = f"{cluster_folder('DefaultCluster')}/broker-a"
 
@@ -112,3 +117,37 @@ def test_the_key_index_is_verified_when_everything_is(posix: Node) -> None:
     assert found == [("MISSING_OBJECT", "INDEX", int(gone.name[8:])), ("ORPHAN_OBJECT", "INDEX", 12345)]
     # One topic's check leaves the key index alone.
     assert posix("verify", TOPIC, output="json").exit_code == 0
+
+
+async def _orphan_then_recover_under_a_lease(config: TieredStoreConfig) -> int:
+    """Commit-log bytes no unit references (a commit cut short), then a recovery under a lease."""
+    async with open_runtime(config, hot=False) as runtime:
+        flat_file = await runtime.flat.get_or_create(TOPIC, 0)
+        await flat_file.commit_log.append(b"\x07" * 500, 1_700_000_000_000)
+        await flat_file.commit_log.commit()
+        lease = LeaseManager(runtime.metadata, owner="verify-test", lease_duration=30, renew_interval=10)
+        lease.round()
+        runtime.metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+        result = await flat_file.recover()
+        lease.close()
+        return result.orphan_bytes_abandoned
+
+
+def test_bytes_a_recovery_under_leases_left_in_place_are_a_note(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    archived(node)
+    for name, value in node.env.items():
+        monkeypatch.setenv(name, value)
+    config = load_config(data_dir=node.data_dir, cold_url=node.cold_url, metadata_url=node.metadata_url)
+    assert asyncio.run(_orphan_then_recover_under_a_lease(config)) == 500
+    for flags in ([], ["--deep"]):
+        result = node("verify", TOPIC, *flags, output="json")
+        assert result.exit_code == 0, result.stdout
+        notes = [note for note in result.json()["notes"] if "left in place by a recovery under leases" in note]
+        assert len(notes) == 1 and "500 bytes" in notes[0], result.json()["notes"]
+    produce(node, 0, 50)
+    archive(node)  # archiving goes on in the segment after the sealed one
+    result = node("verify", TOPIC, "--deep", output="json")
+    assert result.exit_code == 0, result.stdout
+    read = node("read", TOPIC, "0", "--offset", "195", "--count", "10", "--tier", "cold", output="json")
+    assert read.exit_code == 0, read.stderr
+    assert [line["queue_offset"] for line in map(json.loads, read.stdout.splitlines())] == list(range(195, 205))

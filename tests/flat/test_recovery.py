@@ -18,6 +18,7 @@ from tests.fixtures.backends import ProviderBackend
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
+from tieredstore.leases import LeaseManager
 from tieredstore.metadata import MetadataStore, upgrade
 from tieredstore.providers.base import Provider
 
@@ -189,3 +190,54 @@ async def test_crash_during_expiry_is_finished_by_recovery(provider_factory: Pro
             await check_queue_invariant(queue, reference={o: r for o, r in hot.items() if o >= queue.min_offset}) == []
         )
         assert metadata.get_queue(TOPIC, 0).min_offset == queue.min_offset
+
+
+async def _stored_sizes(provider: Provider, path: str) -> dict[tuple[FileType, int], int]:
+    """The real size of every segment in storage, commit log and consume queue, by (type, base offset)."""
+    sizes = {}
+    for file_type in (FileType.COMMIT_LOG, FileType.CONSUME_QUEUE):
+        for base in await provider.list_segments(path, file_type):
+            sizes[file_type, base] = await provider.segment(file_type, path, base).real_size()
+    return sizes
+
+
+@pytest.mark.parametrize("provider_factory", ["memory", "posix", "s3"], indirect=True)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+async def test_restart_under_leases_cuts_by_abandoning_bytes_never_by_deleting_them(
+    provider_factory: ProviderBackend, sqlite_url: str, scenario: Scenario
+) -> None:
+    """Under leases recovery must not delete committed bytes: a stalled archiver still inside its own
+    recovery when a successor takes the queue over would delete what the successor wrote since. It seals
+    the segment at the cut and goes on in a new one instead; the archive is exactly what it is without
+    leases. The one case left to a truncation: the bytes to cut start a segment of their own."""
+    upgrade(sqlite_url)
+    hot = await _archive_then_crash(provider_factory, sqlite_url, scenario)
+    with MetadataStore(sqlite_url) as metadata:
+        lease = LeaseManager(metadata, owner="successor", lease_duration=30, renew_interval=10)
+        lease.round()
+        metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+        store = FlatFileStore(provider_factory(), metadata, cluster="c", broker="b")
+        path = store.queue_path(TOPIC, 0)
+        before = await _stored_sizes(provider_factory(), path)
+        report = await store.recover()
+        assert not report.failed
+        queue = store.get(TOPIC, 0)
+        after = await _stored_sizes(provider_factory(), path)
+        if not scenario.roll_commit_log:
+            assert after == before, "recovery under leases changed bytes in storage"
+        assert queue.archived_offset == scenario.expected_archived
+        assert metadata.get_queue(TOPIC, 0).max_offset == scenario.expected_archived
+        assert await check_queue_invariant(queue, reference=hot) == []
+        hot |= await append_range(queue, queue.archived_offset, TOTAL)
+        assert await queue.commit() == TOTAL
+        assert await check_queue_invariant(queue, reference=hot) == []
+        assert len(await queue.read_messages(0, TOTAL)) == TOTAL
+
+    with MetadataStore(sqlite_url) as metadata:
+        lease = LeaseManager(metadata, owner="successor", lease_duration=30, renew_interval=10)
+        lease.round()
+        metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+        store = FlatFileStore(provider_factory(), metadata, cluster="c", broker="b")
+        report = await store.recover()
+        assert not report.changed
+        assert await check_queue_invariant(store.get(TOPIC, 0), reference=hot) == []

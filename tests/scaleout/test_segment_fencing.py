@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.flat.helpers import BASE_TIMESTAMP
+from tests.flat.helpers import BASE_TIMESTAMP, CrashingProvider, CrashPlan, SimulatedCrash, append_range
 from tieredstore.errors import LeaseLostError
+from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.formats.naming import FileType
 from tieredstore.leases import LeaseManager
@@ -141,3 +143,66 @@ def test_a_released_queue_refuses_storage_changes(stores: list[MetadataStore]) -
     zombie_store.release_leases("zombie")  # e.g. shutting down while a deletion was about to start
     with pytest.raises(LeaseLostError, match="released"):
         zombie_store.check_lease(QUEUE)
+
+
+async def test_a_zombie_cut_after_a_takeover_removes_nothing_the_successor_wrote(
+    stores: list[MetadataStore],
+) -> None:
+    """The race a lease check cannot close: the zombie checked its lease, stalled, and cuts orphan bytes
+    after a successor has taken the queue over and archived on from the same place. Under leases no
+    recovery deletes, so the cut removes nothing, and the successor's archive stays whole."""
+    zombie_store, successor_store = stores
+    name = f"fence-{uuid.uuid4().hex}"
+    provider = MemoryProvider(f"memory://{name}")
+    try:
+        # First life, without leases: 0..9 archived, then a commit whose commit log landed and whose
+        # consume queue did not (the common orphan: bytes no unit references).
+        plan = CrashPlan(crash_on=FileType.CONSUME_QUEUE)
+        first = FlatFileStore(CrashingProvider(provider, plan), zombie_store, cluster="c", broker="b")
+        queue = await first.get_or_create(TOPIC, 0)
+        hot = await append_range(queue, 0, 10)
+        await queue.commit()
+        await append_range(queue, 10, 20)
+        plan.armed = True
+        with pytest.raises(SimulatedCrash):
+            await queue.commit()
+
+        # The zombie restarts under a lease, loads the queue's files and finds the orphan bytes ...
+        zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+        zombie.round()
+        zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
+        stalled = FlatFileStore(provider, zombie_store, cluster="c", broker="b")._new_file(
+            zombie_store.get_queue(TOPIC, 0)
+        )
+        await stalled.commit_log.recover()
+        await stalled.consume_queue.recover()
+        referenced_end = sum(len(record) for record in hot.values())
+        assert stalled.commit_log.commit_offset > referenced_end
+        # ... its lease check passes, and it stalls past its lease before cutting them.
+        zombie_store.check_lease = lambda queue: None  # type: ignore[method-assign]
+        await asyncio.sleep(1.7)
+
+        successor = LeaseManager(successor_store, owner="successor", lease_duration=30, renew_interval=10)
+        assert successor.round().acquired == [QUEUE]
+        successor_store.set_epoch_fence(successor.epoch_of, storage_hold_ms=30_000)
+        archive = FlatFileStore(provider, successor_store, cluster="c", broker="b")
+        await archive.recover()
+        queue = archive.get(TOPIC, 0)
+        assert queue.archived_offset == 10
+        hot |= await append_range(queue, 10, 30)
+        assert await queue.commit() == 30
+
+        # The zombie wakes up and makes its cut; its epoch is stale, so its metadata change is refused.
+        refused = False
+        try:
+            await stalled._cut(stalled.commit_log, referenced_end)
+        except LeaseLostError:
+            refused = True
+
+        reloaded = FlatFileStore(provider, successor_store, cluster="c", broker="b")
+        await reloaded.recover()
+        assert reloaded.get(TOPIC, 0).archived_offset == 30
+        assert await check_queue_invariant(reloaded.get(TOPIC, 0), reference=hot) == []
+        assert refused
+    finally:
+        MemoryProvider.wipe(name)

@@ -20,6 +20,8 @@ from tieredstore.spark import register
 
 ORDER_QUEUES = {0: 240, 1: 130, 2: 60}
 BIG_BODY = 300 * 1024
+# Queue "abandoned"/0: a commit cut short after 40 messages, recovered under a lease (bytes left in place).
+ABANDON_AFTER = {("abandoned", 0): 40}
 
 
 def _require_java() -> None:
@@ -57,6 +59,7 @@ def _order_messages() -> dict[tuple[str, int], list[Any]]:
     }
     messages[("empty", 0)] = []
     messages[("holes", 0)] = [make_message("holes", 0, offset) for offset in [*range(0, 33), *range(60, 100)]]
+    messages[("abandoned", 0)] = [make_message("abandoned", 0, offset) for offset in range(90)]
     messages[("big", 0)] = [
         make_message("big", 0, 0, body_size=10),
         make_message("big", 0, 1, body_size=BIG_BODY),
@@ -69,7 +72,7 @@ def _order_messages() -> dict[tuple[str, int], list[Any]]:
 def posix_archive(tmp_path_factory: pytest.TempPathFactory) -> Archive:
     root = tmp_path_factory.mktemp("spark-posix")
     archive = Archive("posix", str(root / "cold"), f"sqlite:///{root / 'metadata.db'}")
-    asyncio.run(archive_messages(archive, {}, _order_messages()))
+    asyncio.run(archive_messages(archive, {}, _order_messages(), abandon_after=ABANDON_AFTER))
     return archive
 
 
@@ -85,7 +88,7 @@ def s3_archive(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) ->
         f"sqlite:///{root / 'metadata.db'}",
         storage_options={name: str(value) for name, value in provider_options.items()},
     )
-    asyncio.run(archive_messages(archive, provider_options, _order_messages()))
+    asyncio.run(archive_messages(archive, provider_options, _order_messages(), abandon_after=ABANDON_AFTER))
     return archive
 
 

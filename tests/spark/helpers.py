@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieredstore.flat import FlatFileSettings, FlatFileStore
+from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
 from tieredstore.formats.message import (
     MAGIC_V2,
     SYSFLAG_BORNHOST_V6,
@@ -16,6 +17,7 @@ from tieredstore.formats.message import (
     MessageRecord,
     tag_hash,
 )
+from tieredstore.leases import LeaseManager
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.registry import open_provider
 
@@ -129,11 +131,18 @@ class Archive:
 
 
 async def archive_messages(
-    archive: Archive, provider_options: dict[str, Any], messages: dict[tuple[str, int], list[MessageRecord]]
+    archive: Archive,
+    provider_options: dict[str, Any],
+    messages: dict[tuple[str, int], list[MessageRecord]],
+    *,
+    abandon_after: dict[tuple[str, int], int] | None = None,
 ) -> None:
     """Archive ``messages`` per (topic, queue) through FlatFileStore, committing every 25 messages.
 
-    A gap in a queue's offsets is archived as a consume-queue hole (``skip_to``).
+    A gap in a queue's offsets is archived as a consume-queue hole (``skip_to``). ``abandon_after``
+    names queues where, after that many messages, a commit is cut short (commit-log bytes no unit
+    references: other versions of the next messages) and recovered under a lease, which leaves those
+    bytes in storage past a sealed segment; archiving then goes on.
     """
     metadata = MetadataStore.open(archive.metadata_url)
     try:
@@ -152,6 +161,28 @@ async def archive_messages(
                     archive.rows.setdefault(topic, []).append(expected_row(message, commitlog_offset))
                     if index % 25 == 24:
                         await flat_file.commit()
+                    if (abandon_after or {}).get((topic, queue_id)) == index + 1:
+                        await flat_file.commit()
+                        await _cut_short_and_recover_under_a_lease(metadata, flat_file, queue_messages[index + 1 :])
                 await flat_file.commit()
     finally:
         metadata.close()
+
+
+async def _cut_short_and_recover_under_a_lease(
+    metadata: MetadataStore, flat_file: FlatMessageFile, following: list[MessageRecord]
+) -> None:
+    """Commit-log bytes of a commit that never reached the consume queue, then the queue's recovery
+    under a lease: it seals the segment where the archive ends and leaves those bytes in place."""
+    for message in following[:10]:
+        other = dataclasses.replace(message, body=b"abandoned " + message.body[:20])
+        await flat_file.commit_log.append(other.encode(), message.store_timestamp)
+    await flat_file.commit_log.commit()
+    lease = LeaseManager(metadata, owner="spark-fixture", lease_duration=30, renew_interval=10)
+    lease.round()
+    metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+    try:
+        assert (await flat_file.recover()).orphan_bytes_abandoned > 0
+    finally:
+        metadata.set_epoch_fence(None)
+        lease.close()

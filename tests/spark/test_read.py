@@ -145,6 +145,15 @@ def test_metadata_free_mode_lists_the_cold_url(spark: SparkSession, archive: Arc
         load(spark, archive, "empty", metadata="none").count()
 
 
+def test_bytes_a_recovery_under_leases_left_in_place_are_never_read(spark: SparkSession, archive: Archive) -> None:
+    """Other versions of messages 40..49 lie past the sealed end of a commit-log segment; neither mode
+    may return them (metadata records the cut; a listing must bound the segment by the next one)."""
+    expected = archive.expected("abandoned")
+    assert [row["queue_offset"] for row in expected] == list(range(90))
+    assert collect(load(spark, archive, "abandoned")) == expected
+    assert collect(load(spark, archive, "abandoned", metadata="none")) == expected
+
+
 def test_partitions_respect_max_partition_bytes(spark: SparkSession, posix_archive: Archive) -> None:
     budget = 16 * 1024
     small = plans(posix_archive, "orders", max_partition_bytes=str(budget))

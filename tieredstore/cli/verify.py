@@ -15,7 +15,10 @@ across it, or the hole lost archived messages (UNRECORDED_GAP). A gap after a se
 sealed, and any gap in the commit log, is still a SEGMENT_GAP.
 
 The last segment of a file may hold bytes beyond its row while the archiver is between a commit
-and its metadata update; that is a note (recovery settles it), not a problem.
+and its metadata update; that is a note (recovery settles it), not a problem. So are bytes past the
+recorded size of a SEALED segment that the next segment follows on from (or that is the last one):
+recovery under leases cuts orphan bytes by sealing the segment there instead of deleting them
+(``FlatAppendFile.abandon_tail``), and no read goes past a recorded size.
 
 Checking everything (no TOPIC) also checks the key index of every namespace: each uploaded index
 file has its object with the recorded size (MISSING_OBJECT, SIZE_MISMATCH), and no INDEX object
@@ -240,6 +243,14 @@ async def _check_objects(
             problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
         elif index == len(records) - 1 and row.status is SegmentStatus.NEW:
             report.notes.append(f"{key}: {real - row.size} bytes past the recorded size (a commit not yet recorded)")
+        elif row.status is SegmentStatus.SEALED and (
+            index == len(records) - 1 or records[index + 1].base_offset == row.base_offset + row.size
+        ):
+            # Recovery under leases cuts by sealing here and going on in a new segment (abandon_tail).
+            report.notes.append(
+                f"{key}: {real - row.size} bytes past the recorded size of this sealed segment, left in place "
+                "by a recovery under leases (never read)"
+            )
         else:
             problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
     for base_offset in await node.provider.list_segments(path, kind):

@@ -428,6 +428,37 @@ class FlatAppendFile:
         while self.segments:
             await self._destroy_segment(self.segments.pop(), forget=True)
 
+    def drop_buffers(self) -> None:
+        """Forget every buffered byte, without a storage call (committed bytes are kept)."""
+        for segment in self.segments:
+            segment.forget_after(segment.commit_position)
+
+    async def abandon_tail(self, offset: int) -> bool:
+        """Stop counting the committed bytes at and after ``offset`` without deleting them; False if it cannot.
+
+        The last segment is sealed at ``offset`` (metadata records that size) and the next one starts
+        there, under its own name: the abandoned bytes stay in the sealed segment's storage, past its
+        recorded size, where no read goes. Nothing in storage is deleted or rewritten, so a stalled
+        archiver that still runs this after a successor took the queue over removes nothing the
+        successor wrote (its seal is refused by the lease epoch). Buffered bytes are dropped.
+
+        Only the last segment can be cut so, and only past its start (a segment starting at ``offset``
+        would need a second segment of the same name): otherwise nothing changes and the caller truncates.
+        """
+        self._require_writable("abandon bytes")
+        if not self.segments:
+            return False
+        last = self.segments[-1]
+        keep = offset - last.base_offset
+        if last.is_closed or not 0 < keep < last.commit_position:
+            return False
+        last.forget_after(keep)
+        # Seal, then add (as ``roll`` does, without its commit: nothing may be written now). A crash in
+        # between leaves the sealed segment last, and the next append starts the new one.
+        await self._seal(last)
+        await self._start_segment(offset, None)
+        return True
+
     async def truncate(self, offset: int) -> None:
         """Remove every committed byte at or after ``offset`` (orphans after a crash).
 

@@ -7,7 +7,10 @@ commit offset: a message counts as archived only once both its unit and its byte
 Recovery after a crash rebuilds both files from metadata, corrects their last segments' sizes from
 the provider, then restores the invariant "every durable unit points at durable bytes, and every
 durable commit-log byte is pointed at": a trailing partial unit is cut, units whose bytes did not
-survive are cut, and commit-log bytes no unit references are removed.
+survive are cut, and commit-log bytes no unit references are removed. Under leases (an epoch fence
+installed) a cut deletes nothing: the segment is sealed at the cut and the file goes on in a new one,
+the cut bytes left in storage past the recorded size (``_cut``), so an archiver stalled inside its
+recovery cannot delete what a successor wrote in the meantime.
 
 Queue offsets the hot store dropped before they were archived are skipped with ``skip_to``: the
 consume queue leaves a hole (its last segment sealed, the next one starting at the new offset) while
@@ -74,6 +77,7 @@ class RecoveryResult:
     dropped_units: int
     orphan_bytes_removed: int
     sizes_corrected: bool
+    orphan_bytes_abandoned: int = 0  # left in storage past a sealed segment's recorded size (under leases)
 
     @property
     def changed(self) -> bool:
@@ -81,6 +85,7 @@ class RecoveryResult:
             self.sizes_corrected
             or self.dropped_units > 0
             or self.orphan_bytes_removed > 0
+            or self.orphan_bytes_abandoned > 0
             or self.archived_offset != self.previous_archived_offset
         )
 
@@ -590,10 +595,10 @@ class FlatMessageFile:
 
         whole_units_end = self.consume_queue.commit_offset - self.consume_queue.commit_offset % UNIT_SIZE
         if whole_units_end != self.consume_queue.commit_offset:
-            await self.consume_queue.truncate(whole_units_end)
+            await self._cut(self.consume_queue, whole_units_end)
         last_unit, durable_end = await self._last_durable_unit()
         if durable_end < self.archived_offset:
-            await self.consume_queue.truncate(durable_end * UNIT_SIZE)
+            await self._cut(self.consume_queue, durable_end * UNIT_SIZE)
         dropped = before_units - self.archived_offset
 
         referenced_end = self.commit_log.min_offset
@@ -603,8 +608,10 @@ class FlatMessageFile:
             if corrected or dropped:
                 newest_timestamp = store_timestamp_of(await self.commit_log.record_head(last_unit.commitlog_offset))
         orphans = max(0, self.commit_log.commit_offset - referenced_end)
-        if orphans or self.commit_log.pending_bytes:
-            await self.commit_log.truncate(max(referenced_end, self.commit_log.min_offset))
+        abandoned = 0
+        cut_at = max(referenced_end, self.commit_log.min_offset)
+        if (orphans or self.commit_log.pending_bytes) and await self._cut(self.commit_log, cut_at):
+            abandoned, orphans = orphans, 0
         if newest_timestamp is not None:
             for flat_file in (self.commit_log, self.consume_queue):
                 if flat_file.segments:
@@ -617,7 +624,26 @@ class FlatMessageFile:
             dropped_units=dropped,
             orphan_bytes_removed=orphans,
             sizes_corrected=corrected,
+            orphan_bytes_abandoned=abandoned,
         )
+
+    async def _cut(self, flat_file: FlatCommitLogFile | FlatConsumeQueueFile, offset: int) -> bool:
+        """Recovery's cut of ``flat_file`` at ``offset`` (its buffers go too); True if the bytes were abandoned.
+
+        Under leases (an epoch fence installed) committed bytes are abandoned in place where they can be
+        (``FlatAppendFile.abandon_tail``), never deleted: a stalled archiver waking up inside its own
+        recovery after a successor took the queue over must not delete what the successor wrote since,
+        and storage cannot refuse a deletion the way metadata refuses a stale epoch. Otherwise, and
+        where abandoning cannot be done, the bytes are truncated (after ``check_lease``).
+        """
+        if self.metadata.fenced:
+            if offset >= flat_file.commit_offset:
+                flat_file.drop_buffers()  # nothing committed to cut
+                return False
+            if await flat_file.abandon_tail(offset):
+                return True
+        await flat_file.truncate(offset)
+        return False
 
     async def _last_durable_unit(self) -> tuple[ConsumeQueueUnit | None, int]:
         """The last archived unit whose commit-log bytes are all durable, and where the consume queue must end.

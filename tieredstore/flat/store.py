@@ -16,12 +16,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import structlog
+
 from tieredstore.errors import NotFoundError, TieredStoreError
 from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock, wall_clock_ms
 from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult
 from tieredstore.formats.naming import FileType, queue_path, validate_topic
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import Provider
+
+log = structlog.get_logger(__name__)
 
 QueueKey = tuple[str, int]
 
@@ -130,6 +134,7 @@ class FlatFileStore:
             result = await flat_file.recover(commit_log_rows, consume_queue_rows)
             if result.changed:
                 self._recoveries[key] = result
+                _log_recovery(key, result)
             self._failed.pop(key, None)
             self._files[key] = flat_file
             return flat_file
@@ -203,6 +208,7 @@ class FlatFileStore:
             report.recovered += 1
             if result.changed:
                 report.changed[key] = result
+                _log_recovery(key, result)
 
         await asyncio.gather(*(recover_one(p) for p in queues if (p.topic, p.queue_id) not in self._files))
         report.seconds = time.perf_counter() - started
@@ -238,3 +244,17 @@ def _records(
     grouped: dict[tuple[str, SegmentFileType], list[SegmentRecord]], path: str, file_type: FileType
 ) -> list[SegmentRecord]:
     return grouped.get((path, SegmentFileType(file_type.value)), [])
+
+
+def _log_recovery(key: QueueKey, result: RecoveryResult) -> None:
+    """One line for a queue whose recovery changed something (a crash or a takeover left work behind)."""
+    log.info(
+        "cold queue recovered",
+        topic=key[0],
+        queue_id=key[1],
+        archived_offset=result.archived_offset,
+        recorded_offset=result.previous_archived_offset,
+        dropped_units=result.dropped_units,
+        orphan_bytes_removed=result.orphan_bytes_removed,
+        orphan_bytes_abandoned=result.orphan_bytes_abandoned,
+    )

@@ -292,9 +292,19 @@ def layouts_from_metadata(
 
 
 async def _listed_spans(provider: Provider, path: str, file_type: FileType) -> tuple[SegmentSpan, ...]:
-    bases = await provider.list_segments(path, file_type)
+    """Each segment in storage with its size, ending where the next one starts if it holds more.
+
+    A segment followed by another one that starts inside it was cut there by a recovery under leases,
+    which leaves the cut bytes in place rather than delete them (``FlatAppendFile.abandon_tail``);
+    metadata records the cut, a listing sees only the bytes, so the next segment's start bounds them.
+    """
+    bases = sorted(await provider.list_segments(path, file_type))
     sizes = await asyncio.gather(*(provider.segment(file_type, path, base).real_size() for base in bases))
-    return tuple(SegmentSpan(base, size) for base, size in zip(bases, sizes, strict=True))
+    ends = [*bases[1:], None]
+    return tuple(
+        SegmentSpan(base, size if end is None else min(size, end - base))
+        for base, size, end in zip(bases, sizes, ends, strict=True)
+    )
 
 
 async def _listed_layout(provider: Provider, topic: str, queue_id: int, path: str) -> QueueLayout:
