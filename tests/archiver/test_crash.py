@@ -7,12 +7,15 @@ moments, from start-up and recovery to the middle of batches, at least 20 times,
 again. Then the producer stops, one ``run --once`` (the writer lock is free again, so it owns the
 store) completes the archive, and the checker must find every hot message archived exactly once,
 byte-identical but for PHYSICALOFFSET, at contiguous offsets, with every acknowledged put among
-them — on POSIX and on S3 (moto over HTTP, reached by the child processes through its endpoint).
+them — on POSIX and on S3 (moto over HTTP, reached by the child processes through its endpoint), and
+on POSIX with PostgreSQL and queue leases, where every restart recovers its queues under the epoch
+fence and cuts what a kill left by abandoning it in place (``FlatAppendFile.abandon_tail``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import subprocess
@@ -26,6 +29,7 @@ import pytest
 from tests.archiver.processes import child_env, run_tieredstore, start_producer, start_tieredstore, wait_for_text
 from tests.archiver.test_run import archive_problems
 from tieredstore.config import load_config
+from tieredstore.metadata import upgrade
 from tieredstore.runtime import open_hot_store
 
 KILLS = 20
@@ -48,7 +52,7 @@ def _settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> d
         "TIEREDSTORE_HOT__MAX_MESSAGE_SIZE": 128 << 10,
         "TIEREDSTORE_HOT__CONSUME_QUEUE_UNITS_PER_FILE": 100,
     }
-    if backend == "posix":
+    if backend.startswith("posix"):
         settings["TIEREDSTORE_COLD_URL"] = tmp_path / "cold"
     else:
         s3 = request.getfixturevalue("s3_server")
@@ -57,6 +61,17 @@ def _settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> d
         settings["TIEREDSTORE_S3__REGION"] = s3.region
         settings["TIEREDSTORE_S3__ACCESS_KEY_ID"] = s3.access_key_id
         settings["TIEREDSTORE_S3__SECRET_ACCESS_KEY"] = s3.secret_access_key
+    if backend.endswith("leases"):
+        # PostgreSQL and queue leases, so every restart recovers its queues under the epoch fence (where a
+        # cut abandons bytes instead of deleting them). One owner id for all runs: a restarted archiver
+        # renews the leases its killed predecessor held instead of waiting for them to expire.
+        url = request.getfixturevalue("postgres_url")
+        upgrade(url)
+        settings["TIEREDSTORE_METADATA_URL"] = url
+        settings["TIEREDSTORE_ARCHIVER__LEASES"] = "true"
+        settings["TIEREDSTORE_ARCHIVER__OWNER_ID"] = "crash-loop"
+        settings["TIEREDSTORE_ARCHIVER__LEASE_DURATION"] = 3.0
+        settings["TIEREDSTORE_ARCHIVER__LEASE_RENEW_INTERVAL"] = 1.0
     return settings
 
 
@@ -109,7 +124,7 @@ def _unmatched_acks(acks: dict[tuple[str, int, int], int]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.reliability
-@pytest.mark.parametrize("backend", ["posix", "s3"])
+@pytest.mark.parametrize("backend", ["posix", "s3", pytest.param("posix-leases", marks=pytest.mark.postgres)])
 def test_concurrent_producer_and_sigkilled_archiver_archive_every_message_exactly_once(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,7 +144,7 @@ def test_concurrent_producer_and_sigkilled_archiver_archive_every_message_exactl
     try:
         for attempt in range(KILLS):
             stderr = tmp_path / f"archiver-{attempt}.txt"
-            process = start_tieredstore(["run", "--no-demo", "--hot-mode", "follower"], env, stderr)
+            process = start_tieredstore(["--log-json", "run", "--no-demo", "--hot-mode", "follower"], env, stderr)
             try:
                 if attempt % PRODUCER_KILL_EVERY == PRODUCER_KILL_EVERY - 1:
                     # The producer dies while the archiver starts; its restart recovers the hot store under it.
@@ -164,3 +179,15 @@ def test_concurrent_producer_and_sigkilled_archiver_archive_every_message_exactl
     assert _unmatched_acks(acks) == [], f"seed {seed}"
     assert hot == archived >= len(acks) > 300, f"seed {seed}"
     assert producer.runs >= 1 + KILLS // PRODUCER_KILL_EVERY
+    cuts = [
+        event
+        for n in range(KILLS)
+        for line in (tmp_path / f"archiver-{n}.txt").read_text().splitlines()
+        if line.startswith("{") and (event := json.loads(line))["event"] == "cold queue recovered"
+    ]
+    removed = sum(event["orphan_bytes_removed"] > 0 for event in cuts)
+    abandoned = sum(event["orphan_bytes_abandoned"] > 0 for event in cuts)
+    print(
+        f"figures crash-loop {backend}: {len(cuts)} restarts cut what a kill left in a queue: "
+        f"{removed} removed orphan bytes, {abandoned} abandoned them in place"
+    )

@@ -247,8 +247,9 @@ def _records(
 
 
 def _log_recovery(key: QueueKey, result: RecoveryResult) -> None:
-    """One line for a queue whose recovery changed something (a crash or a takeover left work behind)."""
-    log.info(
+    """One line for a queue whose recovery changed something; a warning when it cut what a crash left."""
+    cut = result.dropped_units or result.orphan_bytes_removed or result.orphan_bytes_abandoned
+    (log.warning if cut else log.info)(
         "cold queue recovered",
         topic=key[0],
         queue_id=key[1],
