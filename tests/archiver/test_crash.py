@@ -9,7 +9,7 @@ store) completes the archive, and the checker must find every hot message archiv
 byte-identical but for PHYSICALOFFSET, at contiguous offsets, with every acknowledged put among
 them — on POSIX and on S3 (moto over HTTP, reached by the child processes through its endpoint), and
 on POSIX with PostgreSQL and queue leases, where every restart recovers its queues under the epoch
-fence and cuts what a kill left by abandoning it in place (``FlatAppendFile.abandon_tail``).
+fence: it finishes a commit a kill cut short, or abandons what it cannot use in place.
 """
 
 from __future__ import annotations
@@ -187,7 +187,8 @@ def test_concurrent_producer_and_sigkilled_archiver_archive_every_message_exactl
     ]
     removed = sum(event["orphan_bytes_removed"] > 0 for event in cuts)
     abandoned = sum(event["orphan_bytes_abandoned"] > 0 for event in cuts)
+    completed = sum(event["records_completed"] > 0 for event in cuts)
     print(
-        f"figures crash-loop {backend}: {len(cuts)} restarts cut what a kill left in a queue: "
-        f"{removed} removed orphan bytes, {abandoned} abandoned them in place"
+        f"figures crash-loop {backend}: {len(cuts)} restarts repaired what a kill left in a queue: "
+        f"{completed} finished a commit cut short, {removed} removed orphan bytes, {abandoned} abandoned them"
     )

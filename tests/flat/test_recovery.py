@@ -29,6 +29,15 @@ pytestmark = pytest.mark.reliability
 CLEAN, BUFFERED, TOTAL = 10, 20, 30
 
 
+def _whole_records_within(length: int, first: int) -> int:
+    """How many records from queue offset ``first`` fit whole in the first ``length`` bytes of a batch."""
+    count, used = 0, 0
+    while used + len(make_record(first + count)) <= length:
+        used += len(make_record(first + count))
+        count += 1
+    return count
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -38,19 +47,28 @@ class Scenario:
     lost_reply: bool = False
     roll_commit_log: bool = False
     commit_reports_success: bool = False
+    # Under leases the whole records a cut-short commit left in the commit log are kept and given units.
+    expected_under_leases: int | None = None
 
 
 SCENARIOS = [
-    Scenario("commit-log-durable-consume-queue-not", lambda: CrashPlan(crash_on=FileType.CONSUME_QUEUE), CLEAN),
+    Scenario(
+        "commit-log-durable-consume-queue-not",
+        lambda: CrashPlan(crash_on=FileType.CONSUME_QUEUE),
+        CLEAN,
+        expected_under_leases=BUFFERED,
+    ),
     Scenario(
         "commit-log-half-written",
         lambda: CrashPlan(crash_on=FileType.COMMIT_LOG, land_bytes=301),
         CLEAN,
+        expected_under_leases=CLEAN + _whole_records_within(301, CLEAN),
     ),
     Scenario(
         "consume-queue-partial-unit",
         lambda: CrashPlan(crash_on=FileType.CONSUME_QUEUE, land_bytes=3 * UNIT_SIZE + 7),
         CLEAN + 3,
+        expected_under_leases=BUFFERED,
     ),
     Scenario("consume-queue-durable-metadata-not", CrashPlan, BUFFERED, crash_in_metadata=True),
     Scenario(
@@ -64,12 +82,14 @@ SCENARIOS = [
         CrashPlan,
         CLEAN,
         lost_reply=True,
+        expected_under_leases=BUFFERED,
     ),
     Scenario(
         "new-commit-log-segment-orphaned",
         lambda: CrashPlan(crash_on=FileType.CONSUME_QUEUE),
         CLEAN,
         roll_commit_log=True,
+        expected_under_leases=BUFFERED,
     ),
 ]
 
@@ -207,9 +227,10 @@ async def test_restart_under_leases_cuts_by_abandoning_bytes_never_by_deleting_t
     provider_factory: ProviderBackend, sqlite_url: str, scenario: Scenario
 ) -> None:
     """Under leases recovery must not delete committed bytes: a stalled archiver still inside its own
-    recovery when a successor takes the queue over would delete what the successor wrote since. It seals
-    the segment at the cut and goes on in a new one instead; the archive is exactly what it is without
-    leases. The one case left to a truncation: the bytes to cut start a segment of their own."""
+    recovery when a successor takes the queue over would delete what the successor wrote since. The
+    whole records a cut-short commit left in the commit log get their units (the commit is finished, not
+    undone); anything else past the archive is abandoned: the segment is sealed there and the file goes
+    on in a new one. Nothing in storage shrinks or disappears."""
     upgrade(sqlite_url)
     hot = await _archive_then_crash(provider_factory, sqlite_url, scenario)
     with MetadataStore(sqlite_url) as metadata:
@@ -223,10 +244,11 @@ async def test_restart_under_leases_cuts_by_abandoning_bytes_never_by_deleting_t
         assert not report.failed
         queue = store.get(TOPIC, 0)
         after = await _stored_sizes(provider_factory(), path)
-        if not scenario.roll_commit_log:
-            assert after == before, "recovery under leases changed bytes in storage"
-        assert queue.archived_offset == scenario.expected_archived
-        assert metadata.get_queue(TOPIC, 0).max_offset == scenario.expected_archived
+        shrunk = {key: (size, after.get(key)) for key, size in before.items() if after.get(key, -1) < size}
+        assert not shrunk, "recovery under leases deleted bytes in storage"
+        expected = scenario.expected_under_leases or scenario.expected_archived
+        assert queue.archived_offset == expected
+        assert metadata.get_queue(TOPIC, 0).max_offset == expected
         assert await check_queue_invariant(queue, reference=hot) == []
         hot |= await append_range(queue, queue.archived_offset, TOTAL)
         assert await queue.commit() == TOTAL

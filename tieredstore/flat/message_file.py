@@ -10,7 +10,8 @@ durable commit-log byte is pointed at": a trailing partial unit is cut, units wh
 survive are cut, and commit-log bytes no unit references are removed. Under leases (an epoch fence
 installed) a cut deletes nothing: the segment is sealed at the cut and the file goes on in a new one,
 the cut bytes left in storage past the recorded size (``_cut``), so an archiver stalled inside its
-recovery cannot delete what a successor wrote in the meantime.
+recovery cannot delete what a successor wrote in the meantime; and the whole records of a commit cut
+short after its commit-log bytes landed get their units instead (``_complete_cut_short_commit``).
 
 Queue offsets the hot store dropped before they were archived are skipped with ``skip_to``: the
 consume queue leaves a hole (its last segment sealed, the next one starting at the new offset) while
@@ -25,6 +26,7 @@ to see later commits; every write through such a view is ReadOnlyError.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,8 +48,13 @@ from tieredstore.formats.message import (
     MIN_RECORD_SIZE,
     POS_PHYSICAL_OFFSET,
     POS_QUEUE_OFFSET,
+    PROPERTY_TAGS,
+    property_value,
     rewrite_physical_offset,
+    split_back_to_back,
     store_timestamp_of,
+    tag_hash,
+    verify_record,
 )
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentRecord
@@ -78,6 +85,7 @@ class RecoveryResult:
     orphan_bytes_removed: int
     sizes_corrected: bool
     orphan_bytes_abandoned: int = 0  # left in storage past a sealed segment's recorded size (under leases)
+    records_completed: int = 0  # whole records of a commit cut short given their units (under leases)
 
     @property
     def changed(self) -> bool:
@@ -608,6 +616,12 @@ class FlatMessageFile:
             if corrected or dropped:
                 newest_timestamp = store_timestamp_of(await self.commit_log.record_head(last_unit.commitlog_offset))
         orphans = max(0, self.commit_log.commit_offset - referenced_end)
+        completed = 0
+        if orphans and self.metadata.fenced:
+            completed, referenced_end, newest = await self._complete_cut_short_commit(referenced_end)
+            if completed:
+                newest_timestamp = newest
+                orphans = max(0, self.commit_log.commit_offset - referenced_end)
         abandoned = 0
         cut_at = max(referenced_end, self.commit_log.min_offset)
         if (orphans or self.commit_log.pending_bytes) and await self._cut(self.commit_log, cut_at):
@@ -625,7 +639,48 @@ class FlatMessageFile:
             orphan_bytes_removed=orphans,
             sizes_corrected=corrected,
             orphan_bytes_abandoned=abandoned,
+            records_completed=completed,
         )
+
+    async def _complete_cut_short_commit(self, referenced_end: int) -> tuple[int, int, int | None]:
+        """Give the whole records a commit cut short left past ``referenced_end`` their consume-queue units.
+
+        Under leases a cut must not delete (``_cut``), and where a commit that rolled to a new segment
+        was cut short, a cut could not even abandon: the bytes fill that segment from its start. But
+        those bytes are this queue's next records exactly as its archiver wrote them, so recovery can
+        finish the commit instead of undoing it. Records are taken while each is a sound record (magic,
+        sizes, body CRC) of this topic and queue, holds the next queue offset and its own PHYSICALOFFSET;
+        the first that is not (a torn tail) ends them. Returns how many, where they end, and the newest
+        store timestamp among them.
+        """
+        raw = await self.commit_log.read(referenced_end, self.commit_log.commit_offset - referenced_end)
+        ends = split_back_to_back(raw, len(raw) // MIN_RECORD_SIZE + 1)
+        topic = self.topic.encode("utf-8")
+        first = self.archived_offset
+        units: list[tuple[ConsumeQueueUnit, int]] = []
+        for start, end in itertools.pairwise(ends):
+            record = raw[start:end]
+            try:
+                fields = verify_record(record)
+            except CorruptRecordError:
+                break
+            if (
+                fields.queue_id != self.queue_id
+                or fields.queue_offset != first + len(units)
+                or fields.physical_offset != referenced_end + start
+                or record[fields.topic_at : fields.topic_at + fields.topic_len] != topic
+            ):
+                break
+            tags = property_value(record, fields, PROPERTY_TAGS)
+            unit = ConsumeQueueUnit(referenced_end + start, end - start, tag_hash(tags))
+            units.append((unit, fields.store_timestamp))
+        if not units:
+            return 0, referenced_end, None
+        for unit, timestamp in units:
+            await self.consume_queue.append_unit(unit, timestamp)
+        await self.consume_queue.commit()
+        last = units[-1][0]
+        return len(units), last.commitlog_offset + last.size, max(timestamp for _, timestamp in units)
 
     async def _cut(self, flat_file: FlatCommitLogFile | FlatConsumeQueueFile, offset: int) -> bool:
         """Recovery's cut of ``flat_file`` at ``offset`` (its buffers go too); True if the bytes were abandoned.

@@ -248,7 +248,9 @@ def _records(
 
 def _log_recovery(key: QueueKey, result: RecoveryResult) -> None:
     """One line for a queue whose recovery changed something; a warning when it cut what a crash left."""
-    cut = result.dropped_units or result.orphan_bytes_removed or result.orphan_bytes_abandoned
+    cut = (
+        result.dropped_units or result.orphan_bytes_removed or result.orphan_bytes_abandoned or result.records_completed
+    )
     (log.warning if cut else log.info)(
         "cold queue recovered",
         topic=key[0],
@@ -258,4 +260,5 @@ def _log_recovery(key: QueueKey, result: RecoveryResult) -> None:
         dropped_units=result.dropped_units,
         orphan_bytes_removed=result.orphan_bytes_removed,
         orphan_bytes_abandoned=result.orphan_bytes_abandoned,
+        records_completed=result.records_completed,
     )
