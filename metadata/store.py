@@ -367,18 +367,19 @@ class MetadataStore:
         self._epoch_fence = fence
         self._storage_hold_ms = storage_hold_ms if fence is not None else None
 
-    def _require_lease(self, session: Session, queue: QueueKey | None) -> None:
+    def _require_lease(self, session: Session, queue: QueueKey | None) -> tuple[str | None, int | None] | None:
         """Raise LeaseLostError unless ``queue`` is still at the lease epoch the installed fence says we hold.
 
-        A no-op without a fence or a queue. The queue row is locked (PostgreSQL) until the transaction
-        ends, so a takeover, which bumps the epoch, waits for the change being fenced or sees it done.
+        Returns the queue's owner and lease expiry as read (None without a fence or a queue, when
+        nothing is checked). The queue row is locked (PostgreSQL) until the transaction ends, so a
+        takeover, which bumps the epoch, waits for the change being fenced or sees it done.
         """
         if queue is None or self._epoch_fence is None:
-            return
+            return None
         topic, queue_id = queue
         expected = self._epoch_fence(topic, queue_id)
         statement = (
-            select(Queue.epoch, Queue.owner)
+            select(Queue.epoch, Queue.owner, Queue.lease_expiry)
             .join(Topic, Topic.id == Queue.topic_id)
             .where(Topic.name == topic, Queue.queue_id == queue_id)
         )
@@ -387,12 +388,13 @@ class MetadataStore:
         found = session.execute(statement).one_or_none()
         if found is None:
             raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
-        epoch, owner = found
+        epoch, owner, lease_expiry = found
         if epoch != expected:
             raise LeaseLostError(
                 f"queue {topic}/{queue_id} is at lease epoch {epoch} (owner {owner}), not {expected}: "
                 "another archiver took it over; its segments were not changed"
             )
+        return owner, lease_expiry
 
     @property
     def fenced(self) -> bool:
@@ -412,24 +414,26 @@ class MetadataStore:
         until then, and the change that follows has that long to reach storage. A queue this process
         released (no owner; the next owner may take it at once) is refused as lost.
         """
-        fence = self._epoch_fence
-        if fence is None:
+        if self._epoch_fence is None:
             return
         with self._writing("check a lease") as session:
-            self._require_lease(session, queue)
-            if self._storage_hold_ms is None:
+            held = self._require_lease(session, queue)
+            if self._storage_hold_ms is None or held is None:
                 return
+            owner, lease_expiry = held
             topic, queue_id = queue
-            held_until = self._database_now_ms(session) + self._storage_hold_ms
-            topic_id = select(Topic.id).where(Topic.name == topic).scalar_subquery()
-            owned = (Queue.topic_id == topic_id, Queue.queue_id == queue_id, Queue.epoch == fence(topic, queue_id))
-            found = session.execute(select(Queue.owner, Queue.lease_expiry).where(*owned)).one_or_none()
-            if found is None or found.owner is None:
+            if owner is None:
                 raise LeaseLostError(
                     f"queue {topic}/{queue_id} was released: its cold segments are no longer this archiver's to change"
                 )
-            if found.lease_expiry is None or found.lease_expiry < held_until:
-                session.execute(update(Queue).where(*owned).values(lease_expiry=held_until))
+            held_until = self._database_now_ms(session) + self._storage_hold_ms
+            if lease_expiry is None or lease_expiry < held_until:
+                topic_id = select(Topic.id).where(Topic.name == topic).scalar_subquery()
+                session.execute(
+                    update(Queue)
+                    .where(Queue.topic_id == topic_id, Queue.queue_id == queue_id)
+                    .values(lease_expiry=held_until)
+                )
 
     def limit_idle_transactions(self, seconds: float | None) -> None:
         """Have PostgreSQL end any transaction of this store that waits on this process for ``seconds``.
