@@ -8,15 +8,25 @@ half-way. An in-memory SQLite URL shares one connection so every session sees th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import StaticPool
 
-from tieredstore.errors import ConfigError
+from tieredstore.errors import ConfigError, MetadataError, MetadataUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 IMMEDIATE_OPTION = "tieredstore_immediate"
@@ -39,6 +49,32 @@ def parse_url(url: str | URL) -> URL:
 def safe_url(url: str | URL) -> str:
     """The URL with any password hidden, for messages and logs."""
     return parse_url(url).render_as_string(hide_password=True)
+
+
+# Connection refused or lost, the pool timed out, the server went away: the database, not the request.
+_UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
+
+
+def _one_line(exc: SQLAlchemyError) -> str:
+    """The driver's own message, first line only: no SQL, parameters or "Background on this error" link."""
+    text = str(exc.orig) if isinstance(exc, DBAPIError) and exc.orig is not None else str(exc)
+    return next((line.strip() for line in text.splitlines() if line.strip()), exc.__class__.__name__)
+
+
+@contextmanager
+def translate_errors(action: str, url: str | URL | None = None) -> Iterator[None]:
+    """SQLAlchemy's errors as ours, in one line that names the database without its password.
+
+    MetadataUnavailableError when the database could not be reached or stopped answering (a retry may
+    succeed), MetadataError for anything else it refused.
+    """
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        where = f"metadata database {safe_url(url)}" if url is not None else "metadata database"
+        if isinstance(exc, _UNREACHABLE):
+            raise MetadataUnavailableError(f"{where} cannot be reached ({action}): {_one_line(exc)}") from exc
+        raise MetadataError(f"{where} failed to {action}: {exc.__class__.__name__}: {_one_line(exc)}") from exc
 
 
 def is_sqlite_memory(url: URL) -> bool:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from tieredstore.errors import SchemaVersionError
-from tieredstore.metadata.engine import create_metadata_engine, safe_url
+from tieredstore.metadata.engine import create_metadata_engine, safe_url, translate_errors
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -73,7 +73,7 @@ def upgrade(target: str | URL | Engine, revision: str = "head") -> None:
     """Migrate the database up to ``revision`` (default: head); an up-to-date database is left as is."""
     from alembic import command
 
-    with _engine_for(target) as engine:
+    with _engine_for(target) as engine, translate_errors("migrate the schema", engine.url):
         command.upgrade(alembic_config(engine), revision)
 
 
@@ -81,7 +81,7 @@ def downgrade(target: str | URL | Engine, revision: str = "base") -> None:
     """Migrate the database down to ``revision`` (default: base, which drops every table)."""
     from alembic import command
 
-    with _engine_for(target) as engine:
+    with _engine_for(target) as engine, translate_errors("migrate the schema", engine.url):
         command.downgrade(alembic_config(engine), revision)
 
 
@@ -104,7 +104,7 @@ def _at_head(engine: Engine) -> bool:
 
 def current(target: str | URL | Engine) -> str | None:
     """The database's revision; None when it has never been migrated."""
-    with _engine_for(target) as engine:
+    with _engine_for(target) as engine, translate_errors("read the schema revision", engine.url):
         return current_of(engine)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import BindParameter, Engine, Update, bindparam, delete, event, func, inspect, or_, select, update
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -49,6 +49,7 @@ from tieredstore.metadata.engine import (
     parse_url,
     safe_url,
     sqlite_path,
+    translate_errors,
 )
 from tieredstore.metadata.models import (
     DEFAULT_RESERVE_HOURS,
@@ -285,7 +286,7 @@ class MetadataStore:
         """Open ``url`` (or the given engine) and refuse unless the schema is at head."""
         self._engine = engine if engine is not None else create_metadata_engine(url)
         try:
-            with self._translate("check the schema"):
+            with self._translate("check the schema", self._engine.url):
                 migrate.check_schema(self._engine)
         except BaseException:
             if engine is None:
@@ -316,7 +317,7 @@ class MetadataStore:
         engine = create_metadata_engine(parsed)
         try:
             if create and parsed.get_backend_name() == "sqlite" and cls._is_brand_new_sqlite(parsed, engine):
-                with cls._translate("create the embedded schema"):
+                with cls._translate("create the embedded schema", parsed):
                     migrate.upgrade(engine)
             return cls(parsed, engine=engine)
         except BaseException:
@@ -481,21 +482,17 @@ class MetadataStore:
         self.close()
 
     @staticmethod
-    @contextmanager
-    def _translate(action: str) -> Iterator[None]:
-        try:
-            yield
-        except SQLAlchemyError as exc:
-            raise MetadataError(f"metadata database failed to {action}: {exc.__class__.__name__}: {exc}") from exc
+    def _translate(action: str, url: URL | None = None) -> AbstractContextManager[None]:
+        return translate_errors(action, url)
 
     @contextmanager
     def _writing(self, action: str) -> Iterator[Session]:
-        with self._serial, self._translate(action), self._write.begin() as session:
+        with self._serial, self._translate(action, self._engine.url), self._write.begin() as session:
             yield session
 
     @contextmanager
     def _reading(self, action: str) -> Iterator[Session]:
-        with self._serial, self._translate(action), self._read.begin() as session:
+        with self._serial, self._translate(action, self._engine.url), self._read.begin() as session:
             yield session
 
     # ---- topics ----------------------------------------------------------------------------------
@@ -674,7 +671,8 @@ class MetadataStore:
             keys["b_expected_epoch"] = expected_epoch
         segment_changes = [self._segment_change(segment) for segment in segments]
         statement = _queue_commit_statement(min_offset is not None, max_offset is not None, expected_epoch is not None)
-        with self._serial, self._translate("update a queue"), self._write_engine.begin() as connection:
+        url = self._engine.url
+        with self._serial, self._translate("update a queue", url), self._write_engine.begin() as connection:
             row = connection.execute(statement, {**keys, **values}).one_or_none()
             if row is None:
                 raise self._missed_commit_error(connection, topic, queue_id, expected_version, expected_epoch)

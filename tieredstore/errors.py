@@ -76,6 +76,7 @@ class CorruptRecordError(IntegrityError):
     """A record whose magic, size or CRC is wrong, with its location."""
 
     def __init__(self, message: str, *, location: str | None = None, offset: int | None = None) -> None:
+        self.reason = message
         self.location = location
         self.offset = offset
         where = ""
@@ -120,6 +121,10 @@ class StoreFullError(TieredStoreError, OSError):
 
 class MetadataError(TieredStoreError):
     """The metadata store failed or refused."""
+
+
+class MetadataUnavailableError(MetadataError):
+    """The metadata database cannot be reached or stopped answering (refused, lost, timed out); a retry may succeed."""
 
 
 class SchemaVersionError(MetadataError):

@@ -102,6 +102,19 @@ def test_unreachable_s3_is_exit_4(tmp_path: Path) -> None:
     assert "secret" not in one_line_error(result.stderr)
 
 
+def test_an_unreachable_metadata_database_is_exit_4_in_one_line(tmp_path: Path) -> None:
+    port = _closed_port()
+    url = f"postgresql+psycopg://postgres:hunter2@127.0.0.1:{port}/tieredstore?connect_timeout=2"
+    node = Node("postgres-closed", tmp_path, metadata_url=url)
+    for command in (("db", "upgrade"), ("db", "current"), ("status",), ("topics",), ("verify",), ("run", "--once")):
+        result = node(*command)
+        assert result.exit_code == 4, (command, result.stderr)
+        line = one_line_error(result.stderr)
+        assert f"metadata database postgresql+psycopg://postgres:***@127.0.0.1:{port}/tieredstore" in line, line
+        assert "cannot be reached" in line and "Connection refused" in line, line
+        assert "hunter2" not in line and "sqlalche.me" not in line, line
+
+
 def test_debug_shows_the_traceback(posix: Node) -> None:
     with pytest.raises(Exception, match="may only contain"):
         posix("--debug", "read", "../x", "0", "--offset", "0")

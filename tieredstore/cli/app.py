@@ -43,6 +43,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (errors.NotFoundError, EXIT_NOT_FOUND),
     (errors.SegmentNotFoundError, EXIT_NOT_FOUND),
     (errors.StorageError, EXIT_STORAGE),
+    (errors.MetadataUnavailableError, EXIT_STORAGE),
     (errors.MissingExtraError, EXIT_CONFIG),
     (errors.TieredStoreError, EXIT_ERROR),
 )
