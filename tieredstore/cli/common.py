@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import NotFoundError, ValidationError
+from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import MessageRecord, decode
@@ -247,7 +247,11 @@ def message_fields(record: MessageRecord, *, tier: Tier, size: int) -> dict[str,
 
 
 def decode_message(raw: bytes, *, where: str) -> MessageRecord:
-    return decode(raw, location=where)
+    """``raw`` (one record) decoded; a CorruptRecordError names ``where`` alone, not a byte position in ``raw``."""
+    try:
+        return decode(raw, location=where)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(exc.reason, location=where) from exc
 
 
 def ensure_directory(path: Path) -> Path:

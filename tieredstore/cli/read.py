@@ -149,7 +149,7 @@ class QueueReader:
             if not raws:
                 break
             for raw in raws:
-                where = f"{source} {self.topic}/{self.queue_id}@{offset}"
+                where = f"{source} {self.topic}/{self.queue_id} at queue offset {offset}"
                 out.append(ReadMessage(source, raw, decode_message(raw, where=where), lost))
                 lost = None
                 offset += 1
@@ -417,7 +417,7 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
             raws = await read_archived(flat_file, queue_offset, 1)
             if not raws:
                 return []
-            record = decode_message(raws[0], where=f"cold {topic}/{queue_id}@{queue_offset}")
+            record = decode_message(raws[0], where=f"cold {topic}/{queue_id} at queue offset {queue_offset}")
             found[(queue_id, queue_offset)] = ReadMessage("cold", raws[0], record)
             unique = record.unique_key
             return [*record.keys, *([unique] if unique else [])]
