@@ -1,0 +1,129 @@
+"""Credentials never leave the archiver: not in /metrics, not in its logs, not in what the CLI prints.
+
+The archiver runs as a user deploys it (S3 over HTTP on the moto server, PostgreSQL metadata) with a
+recognisable S3 secret key and a database password in its metadata URL (the server's trust auth
+accepts any password), at the most talkative settings the CLI has (``--debug --log-json``). Every byte it serves
+on /metrics and writes to stderr is then searched for both. So is what ``status`` prints, and the
+one-line error a user gets when the database with that password in its URL cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.archiver.processes import child_env, run_tieredstore, start_tieredstore, wait_for_text
+from tests.fixtures.s3 import S3Server
+from tieredstore.cli.app import EXIT_STORAGE
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+SECRET_KEY = "SecretKeySentinel-7f3a9c"
+PASSWORD = "DbPasswordSentinel-41d2e8"
+MESSAGES = 300
+
+
+def _with_password(url: str) -> str:
+    """``postgresql+psycopg://postgres@host/db`` with PASSWORD put in after the user."""
+    with_password, replaced = re.subn(r"://([^@/:]+)@", rf"://\1:{PASSWORD}@", url, count=1)
+    assert replaced == 1, url
+    return with_password
+
+
+def _environment(data_dir: Path, s3_server: S3Server, bucket: str, metadata_url: str) -> dict[str, str]:
+    return child_env(
+        {
+            "TIEREDSTORE_DATA_DIR": data_dir,
+            "TIEREDSTORE_COLD_URL": f"s3://{bucket}/archive",
+            "TIEREDSTORE_METADATA_URL": metadata_url,
+            "TIEREDSTORE_S3__ENDPOINT_URL": s3_server.endpoint_url,
+            "TIEREDSTORE_S3__REGION": s3_server.region,
+            "TIEREDSTORE_S3__ACCESS_KEY_ID": s3_server.access_key_id,
+            "TIEREDSTORE_S3__SECRET_ACCESS_KEY": SECRET_KEY,
+        }
+    )
+
+
+def _leaks(text: str) -> list[str]:
+    return [secret for secret in (SECRET_KEY, PASSWORD) if secret in text]
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: str = response.read().decode()
+    return body
+
+
+def _dispatched(body: str) -> float:
+    return sum(float(v) for v in re.findall(r"^tieredstore_dispatched_messages_total\{[^}]*\} (\S+)$", body, re.M))
+
+
+def test_no_credential_reaches_metrics_logs_or_status(
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, postgres_url: str
+) -> None:
+    env = _environment(tmp_path / "data", s3_server, s3_bucket, _with_password(postgres_url))
+    upgrade = run_tieredstore(["db", "upgrade"], env)
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert _leaks(upgrade.stdout + upgrade.stderr) == [], "a credential is in what db upgrade prints"
+    stderr = tmp_path / "stderr.txt"
+    process = start_tieredstore(
+        [
+            "--debug",
+            "--log-json",
+            "run",
+            "--demo",
+            "--demo-messages",
+            str(MESSAGES),
+            "--metrics-port",
+            "0",
+            "--duration",
+            "30",
+        ],
+        env,
+        stderr,
+    )
+    try:
+        text = wait_for_text(stderr, "/metrics", timeout=60)
+        match = re.search(r"http://127\.0\.0\.1:\d+/metrics", text)
+        assert match, text
+        deadline = time.monotonic() + 30
+        body = _scrape(match.group(0))
+        while _dispatched(body) < MESSAGES and time.monotonic() < deadline:
+            time.sleep(0.3)
+            body = _scrape(match.group(0))
+        # The archiver really ran against S3 and PostgreSQL with these credentials.
+        assert _dispatched(body) == MESSAGES, body
+        assert _leaks(body) == [], "a credential is in /metrics"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert process.returncode == 0, stderr.read_text()
+    logs = stderr.read_text()
+    # The run names its metadata database, with the password masked, and logged its work.
+    assert re.search(r"metadata: postgresql\+psycopg://postgres:\*\*\*@", logs), logs
+    assert '"event": "archiving a new queue"' in logs, logs
+    assert _leaks(logs) == [], "a credential is in the archiver's logs"
+
+    status = run_tieredstore(["--debug", "-o", "json", "status"], env)
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["rows"]
+    assert sum(row["archived"] for row in rows) == MESSAGES, rows
+    assert _leaks(status.stdout + status.stderr) == [], "a credential is in what status prints"
+
+
+def test_an_unreachable_database_is_named_without_its_password(tmp_path: Path) -> None:
+    url = f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:1/tieredstore?connect_timeout=2"
+    result = run_tieredstore(
+        ["--data-dir", str(tmp_path / "data"), "--metadata-url", url, "status"], child_env({}), timeout=60
+    )
+    assert result.returncode == EXIT_STORAGE, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "127.0.0.1" in lines[0], lines[0]
+    assert _leaks(result.stdout + result.stderr) == [], lines[0]
