@@ -14,6 +14,7 @@ from tests.cli.conftest import SMALL_FILES
 from tests.cli.helpers import Node, hot_records, without_physical_offset
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.cli import restore as restore_module
+from tieredstore.cli.app import EXIT_INTEGRITY
 from tieredstore.cli.common import open_read_node
 from tieredstore.cli.restore import HotStoreSink, RestoreRequest, restore_archive
 from tieredstore.config import load_config
@@ -186,3 +187,17 @@ def test_a_batch_larger_than_the_cap_still_goes_alone(posix: Node, monkeypatch: 
     assert 100 < most <= max(len(r) for q in originals.values() for r in q.values()) * 8
     assert peak == 100
     assert_restored(posix.data_dir / "target", originals)
+
+
+@pytest.mark.parametrize("fmt", ["raw", "jsonl"])
+def test_an_export_stops_at_a_corrupt_record_naming_it_in_every_format(posix: Node, fmt: str) -> None:
+    produce_queues(posix)
+    _flip_in_cold_commit_log(posix.data_dir, b"order 3-47")
+    target = posix.data_dir / "export"
+    result = posix("restore", TOPIC, "--queue", "3", "--to-dir", str(target), "--format", fmt, "--batch", "10")
+    assert result.exit_code == EXIT_INTEGRITY, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CRC" in lines[0] and f"{TOPIC}/3 at queue offset 47" in lines[0], result.stderr
+    # What was exported is the batches before the one holding record 47, which was not written.
+    exported = (target / TOPIC / f"3.{fmt}").read_bytes()
+    assert 47 - 10 <= exported.count(b"order 3-") <= 47, exported.count(b"order 3-")

@@ -24,7 +24,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
-from tieredstore.formats.message import MessageRecord, decode
+from tieredstore.formats.message import MessageRecord, decode, verify_record
 from tieredstore.formats.naming import FileType, validate_topic
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import (
@@ -244,6 +244,14 @@ def message_fields(record: MessageRecord, *, tier: Tier, size: int) -> dict[str,
     }
     fields.update(body_fields(record.body))
     return fields
+
+
+def verify_message(raw: bytes | memoryview, *, where: str) -> None:
+    """``raw`` (one record) checked whole: magic, sizes, lengths, body CRC; a CorruptRecordError names ``where``."""
+    try:
+        verify_record(raw, location=where)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(exc.reason, location=where) from exc
 
 
 def decode_message(raw: bytes, *, where: str) -> MessageRecord:

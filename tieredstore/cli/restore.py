@@ -71,6 +71,7 @@ from tieredstore.cli.common import (
     parse_time,
     run,
     segment_rows,
+    verify_message,
 )
 from tieredstore.cli.read import QueueReader
 from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
@@ -334,12 +335,17 @@ class DirectorySink:
 
     def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         handle = self._handles[(topic, queue_id)]
+        first = self._next[(topic, queue_id)]
+        # Every record of the batch is checked before any of it is written: a corrupt record stops the
+        # export with an error naming it, and the file ends at the last whole batch before it.
         if self.format == "raw":
+            for index, raw in enumerate(batch):
+                verify_message(raw, where=f"cold {topic}/{queue_id} at queue offset {first + index}")
             handle.write(batch.data)
         else:
             lines = []
-            for raw in batch:
-                record = decode_message(bytes(raw), where=f"cold {topic}/{queue_id}")
+            for index, raw in enumerate(batch):
+                record = decode_message(bytes(raw), where=f"cold {topic}/{queue_id} at queue offset {first + index}")
                 fields = message_fields(record, tier="cold", size=len(raw))
                 lines.append(json.dumps(fields, sort_keys=True).encode() + b"\n")
             handle.write(b"".join(lines))
