@@ -286,7 +286,7 @@ class MetadataStore:
         """Open ``url`` (or the given engine) and refuse unless the schema is at head."""
         self._engine = engine if engine is not None else create_metadata_engine(url)
         try:
-            with self._translate("check the schema", self._engine.url):
+            with translate_errors("check the schema", self._engine.url):
                 migrate.check_schema(self._engine)
         except BaseException:
             if engine is None:
@@ -317,7 +317,7 @@ class MetadataStore:
         engine = create_metadata_engine(parsed)
         try:
             if create and parsed.get_backend_name() == "sqlite" and cls._is_brand_new_sqlite(parsed, engine):
-                with cls._translate("create the embedded schema", parsed):
+                with translate_errors("create the embedded schema", parsed):
                     migrate.upgrade(engine)
             return cls(parsed, engine=engine)
         except BaseException:
@@ -481,18 +481,14 @@ class MetadataStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @staticmethod
-    def _translate(action: str, url: URL | None = None) -> AbstractContextManager[None]:
-        return translate_errors(action, url)
-
     @contextmanager
     def _writing(self, action: str) -> Iterator[Session]:
-        with self._serial, self._translate(action, self._engine.url), self._write.begin() as session:
+        with self._serial, translate_errors(action, self._engine.url), self._write.begin() as session:
             yield session
 
     @contextmanager
     def _reading(self, action: str) -> Iterator[Session]:
-        with self._serial, self._translate(action, self._engine.url), self._read.begin() as session:
+        with self._serial, translate_errors(action, self._engine.url), self._read.begin() as session:
             yield session
 
     # ---- topics ----------------------------------------------------------------------------------
@@ -672,7 +668,7 @@ class MetadataStore:
         segment_changes = [self._segment_change(segment) for segment in segments]
         statement = _queue_commit_statement(min_offset is not None, max_offset is not None, expected_epoch is not None)
         url = self._engine.url
-        with self._serial, self._translate("update a queue", url), self._write_engine.begin() as connection:
+        with self._serial, translate_errors("update a queue", url), self._write_engine.begin() as connection:
             row = connection.execute(statement, {**keys, **values}).one_or_none()
             if row is None:
                 raise self._missed_commit_error(connection, topic, queue_id, expected_version, expected_epoch)

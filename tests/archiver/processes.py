@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,10 @@ def start_producer(seed: int, rate: float, env: dict[str, str], stdout_path: Pat
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+
+def scrape(url: str) -> str:
+    """The body of an HTTP GET of ``url`` (a /metrics endpoint), as text."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: str = response.read().decode()
+    return body

@@ -7,12 +7,11 @@ import json
 import re
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.archiver.processes import child_env, run_producer, run_tieredstore, start_tieredstore, wait_for_text
+from tests.archiver.processes import child_env, run_producer, run_tieredstore, scrape, start_tieredstore, wait_for_text
 from tieredstore.config import TieredStoreConfig, load_config
 from tieredstore.flat import check_queue_invariant
 from tieredstore.runtime import open_runtime
@@ -126,16 +125,16 @@ def test_metrics_endpoint_serves_dispatch_counters_and_lag(tmp_path: Path) -> No
         # group-commit timer), so the counters grow a queue at a time: wait until every message is
         # counted, never for one queue's lag alone.
         deadline = time.monotonic() + 15
-        body = _scrape(url)
+        body = scrape(url)
         while _dispatched(body) < 500 and time.monotonic() < deadline:
             time.sleep(0.3)
-            body = _scrape(url)
+            body = scrape(url)
         assert _dispatched(body) == 500, body
         assert (_sample(body, "tieredstore_commit_seconds_count") or 0) > 0
         for topic, queue_id in DEMO_QUEUES:
             assert _sample(body, _lag_name(topic, queue_id)) == 0.0, (topic, queue_id, body)
         # Nothing is counted twice: once everything is archived the counters stay where they are.
-        assert _dispatched(_scrape(url)) == 500
+        assert _dispatched(scrape(url)) == 500
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
@@ -143,12 +142,6 @@ def test_metrics_endpoint_serves_dispatch_counters_and_lag(tmp_path: Path) -> No
     # The counters match what a reader finds archived.
     hot, archived, problems = asyncio.run(_problems(tmp_path / "data"))
     assert (hot, archived, problems) == (500, 500, [])
-
-
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body: str = response.read().decode()
-    return body
 
 
 def _dispatched(body: str) -> float:

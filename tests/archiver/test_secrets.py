@@ -13,12 +13,11 @@ import json
 import re
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.archiver.processes import child_env, run_tieredstore, start_tieredstore, wait_for_text
+from tests.archiver.processes import child_env, run_tieredstore, scrape, start_tieredstore, wait_for_text
 from tests.fixtures.s3 import S3Server
 from tieredstore.cli.app import EXIT_STORAGE
 
@@ -54,12 +53,6 @@ def _leaks(text: str) -> list[str]:
     return [secret for secret in (SECRET_KEY, PASSWORD) if secret in text]
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body: str = response.read().decode()
-    return body
-
-
 def _dispatched(body: str) -> float:
     return sum(float(v) for v in re.findall(r"^tieredstore_dispatched_messages_total\{[^}]*\} (\S+)$", body, re.M))
 
@@ -93,10 +86,10 @@ def test_no_credential_reaches_metrics_logs_or_status(
         match = re.search(r"http://127\.0\.0\.1:\d+/metrics", text)
         assert match, text
         deadline = time.monotonic() + 30
-        body = _scrape(match.group(0))
+        body = scrape(match.group(0))
         while _dispatched(body) < MESSAGES and time.monotonic() < deadline:
             time.sleep(0.3)
-            body = _scrape(match.group(0))
+            body = scrape(match.group(0))
         # The archiver really ran against S3 and PostgreSQL with these credentials.
         assert _dispatched(body) == MESSAGES, body
         assert _leaks(body) == [], "a credential is in /metrics"

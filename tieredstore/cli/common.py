@@ -14,8 +14,8 @@ import base64
 import datetime as dt
 import re
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -246,20 +246,25 @@ def message_fields(record: MessageRecord, *, tier: Tier, size: int) -> dict[str,
     return fields
 
 
-def verify_message(raw: bytes | memoryview, *, where: str) -> None:
-    """``raw`` (one record) checked whole: magic, sizes, lengths, body CRC; a CorruptRecordError names ``where``."""
+@contextmanager
+def _one_record_at(where: str) -> Iterator[None]:
+    """A CorruptRecordError from checking one record names ``where`` alone, not a byte position in it."""
     try:
-        verify_record(raw, location=where)
+        yield
     except CorruptRecordError as exc:
         raise CorruptRecordError(exc.reason, location=where) from exc
+
+
+def verify_message(raw: bytes | memoryview, *, where: str) -> None:
+    """``raw`` (one record) checked whole: magic, sizes, lengths, body CRC."""
+    with _one_record_at(where):
+        verify_record(raw)
 
 
 def decode_message(raw: bytes, *, where: str) -> MessageRecord:
-    """``raw`` (one record) decoded; a CorruptRecordError names ``where`` alone, not a byte position in ``raw``."""
-    try:
-        return decode(raw, location=where)
-    except CorruptRecordError as exc:
-        raise CorruptRecordError(exc.reason, location=where) from exc
+    """``raw`` (one record) decoded, every check made."""
+    with _one_record_at(where):
+        return decode(raw)
 
 
 def ensure_directory(path: Path) -> Path:

@@ -336,16 +336,17 @@ class DirectorySink:
     def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         handle = self._handles[(topic, queue_id)]
         first = self._next[(topic, queue_id)]
+        wheres = (f"cold {topic}/{queue_id} at queue offset {first + index}" for index in range(len(batch)))
         # Every record of the batch is checked before any of it is written: a corrupt record stops the
         # export with an error naming it, and the file ends at the last whole batch before it.
         if self.format == "raw":
-            for index, raw in enumerate(batch):
-                verify_message(raw, where=f"cold {topic}/{queue_id} at queue offset {first + index}")
+            for raw, where in zip(batch, wheres, strict=True):
+                verify_message(raw, where=where)
             handle.write(batch.data)
         else:
             lines = []
-            for index, raw in enumerate(batch):
-                record = decode_message(bytes(raw), where=f"cold {topic}/{queue_id} at queue offset {first + index}")
+            for raw, where in zip(batch, wheres, strict=True):
+                record = decode_message(bytes(raw), where=where)
                 fields = message_fields(record, tier="cold", size=len(raw))
                 lines.append(json.dumps(fields, sort_keys=True).encode() + b"\n")
             handle.write(b"".join(lines))
