@@ -428,11 +428,6 @@ class FlatAppendFile:
         while self.segments:
             await self._destroy_segment(self.segments.pop(), forget=True)
 
-    def drop_buffers(self) -> None:
-        """Forget every buffered byte, without a storage call (committed bytes are kept)."""
-        for segment in self.segments:
-            segment.forget_after(segment.commit_position)
-
     async def abandon_tail(self, offset: int) -> bool:
         """Stop counting the committed bytes at and after ``offset`` without deleting them; False if it cannot.
 

@@ -624,7 +624,8 @@ class FlatMessageFile:
                 orphans = max(0, self.commit_log.commit_offset - referenced_end)
         abandoned = 0
         cut_at = max(referenced_end, self.commit_log.min_offset)
-        if (orphans or self.commit_log.pending_bytes) and await self._cut(self.commit_log, cut_at):
+        # (Nothing is buffered here: the files' recovery rebuilt their segments from metadata rows.)
+        if orphans and await self._cut(self.commit_log, cut_at):
             abandoned, orphans = orphans, 0
         if newest_timestamp is not None:
             for flat_file in (self.commit_log, self.consume_queue):
@@ -683,7 +684,7 @@ class FlatMessageFile:
         return len(units), last.commitlog_offset + last.size, max(timestamp for _, timestamp in units)
 
     async def _cut(self, flat_file: FlatCommitLogFile | FlatConsumeQueueFile, offset: int) -> bool:
-        """Recovery's cut of ``flat_file`` at ``offset`` (its buffers go too); True if the bytes were abandoned.
+        """Recovery's cut of ``flat_file`` at ``offset``; True if the bytes were abandoned.
 
         Under leases (an epoch fence installed) committed bytes are abandoned in place where they can be
         (``FlatAppendFile.abandon_tail``), never deleted: a stalled archiver waking up inside its own
@@ -693,8 +694,7 @@ class FlatMessageFile:
         """
         if self.metadata.fenced:
             if offset >= flat_file.commit_offset:
-                flat_file.drop_buffers()  # nothing committed to cut
-                return False
+                return False  # nothing committed to cut
             if await flat_file.abandon_tail(offset):
                 return True
         await flat_file.truncate(offset)
