@@ -181,7 +181,7 @@ class ChunkedSegment(FileSegment):
         try:
             run = await self._load_run()
         except StorageUnavailableError as error:
-            raise SizeUnknownError(f"{self.key}: size unknown while storage is unavailable") from error
+            raise SizeUnknownError(f"{self.key}: size unknown while storage is unavailable: {error}") from error
         return run[-1].end if run else 0
 
     async def _exists(self) -> bool:

@@ -16,6 +16,9 @@ How conditional the chunk create is depends on the filesystem:
 On the local filesystem a chunk is written in place, so a crash can leave a short chunk; the next
 commit sees it as a prefix of its own bytes and writes the rest into a new chunk.
 
+A URL that names a server (``ftp://HOST:PORT/PATH``) gives the filesystem its host and port, as
+``fsspec.open`` does, and the root is the path on that server.
+
 Storage options (credentials included) are passed to the filesystem and never shown in ``repr``,
 ``url`` or error messages. Errors are translated to the tieredstore.errors tree; retries are the
 filesystem's own (s3fs retries throttling and 5xx itself).
@@ -59,6 +62,8 @@ def translate_fsspec_errors(what: str) -> Iterator[None]:
         raise StorageAccessError(f"{what}: permission denied") from error
     except OSError as error:
         reason = f"errno {error.errno}" if error.errno is not None else type(error).__name__
+        if error.strerror:
+            reason = f"{reason} ({error.strerror})"
         raise StorageUnavailableError(f"{what}: {reason}") from error
 
 
@@ -87,8 +92,19 @@ class FsspecObjectStore(ObjectStore):
             raise MissingExtraError(f"the {protocol}:// filesystem is not installed: {extra}") from error
         except ValueError as error:
             raise ConfigError(f"no fsspec filesystem is known for {protocol}://") from error
+        url = f"{protocol}://{root}".rstrip("/")
+        # What the store is called in messages: the URL, or the root as the filesystem takes it.
+        self.url = url
+        server = self._filesystem_class._get_kwargs_from_urls(url)
+        if server:
+            # The URL names a server (ftp://HOST:PORT/PATH): the filesystem connects to it, and the root is
+            # the path on it. Options given explicitly win over the URL's.
+            storage_options = {**server, **storage_options}
+            root = self._filesystem_class._strip_protocol(url)
         self.protocol = protocol
         self.root = root.rstrip("/")
+        if not server:
+            self.url = f"{protocol}://{self.root}"
         self.is_async = bool(getattr(self._filesystem_class, "async_impl", False))
         self._storage_options = storage_options
         self._filesystem: Any = None
@@ -96,6 +112,15 @@ class FsspecObjectStore(ObjectStore):
         self.conditional_create = (
             not self.is_async or "mode" in inspect.signature(self._filesystem_class._pipe_file).parameters
         )
+
+    @contextlib.contextmanager
+    def _options_checked(self) -> Iterator[None]:
+        """A filesystem that cannot be built from the URL and options (one it needs is missing) is a ConfigError."""
+        try:
+            yield
+        except TypeError as error:
+            name = self._filesystem_class.__name__
+            raise ConfigError(f"cannot open {self.protocol}:// storage with fsspec's {name}: {error}") from error
 
     def _path(self, key: str) -> str:
         if not key:
@@ -106,9 +131,13 @@ class FsspecObjectStore(ObjectStore):
         """The filesystem instance; an async one is created in (and bound to) the running loop."""
         if not self.is_async:
             if self._filesystem is None:
-                self._filesystem = self._filesystem_class(
-                    skip_instance_cache=True, use_listings_cache=False, **self._storage_options
-                )
+                with translate_fsspec_errors(f"connect {self.url}"), self._options_checked():
+                    self._filesystem = await asyncio.to_thread(
+                        self._filesystem_class,
+                        skip_instance_cache=True,
+                        use_listings_cache=False,
+                        **self._storage_options,
+                    )
             return self._filesystem
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -116,7 +145,7 @@ class FsspecObjectStore(ObjectStore):
                 raise RuntimeError("an fsspec provider is bound to the event loop it was first used in")
             self._filesystem, self._loop = None, loop
         if self._filesystem is None:
-            with translate_fsspec_errors(f"connect {self.protocol}://"):
+            with translate_fsspec_errors(f"connect {self.url}"), self._options_checked():
                 filesystem = self._filesystem_class(
                     asynchronous=True, skip_instance_cache=True, use_listings_cache=False, **self._storage_options
                 )
@@ -281,8 +310,7 @@ class FsspecProvider(ChunkedProvider):
         if "@" in url.split("://", 1)[1].split("/", 1)[0]:
             raise ConfigError("credentials must not be given in the URL; pass them as storage options")
         self._store = FsspecObjectStore(protocol, path, dict(storage_options))
-        root = self._store.root
-        super().__init__(f"{protocol}://{root}")
+        super().__init__(self._store.url)
 
     @property
     def store(self) -> FsspecObjectStore:

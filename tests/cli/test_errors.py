@@ -102,6 +102,22 @@ def test_unreachable_s3_is_exit_4(tmp_path: Path) -> None:
     assert "secret" not in one_line_error(result.stderr)
 
 
+def test_an_unreachable_fsspec_server_is_exit_4_in_one_line(posix: Node) -> None:
+    produce(posix, 0, 3)
+    archive(posix)
+    cold = f"ftp://127.0.0.1:{_closed_port()}/archive"
+    node = Node("ftp-closed", posix.data_dir, cold_url=cold)
+    for args in (("read", TOPIC, "0", "--offset", "0", "--tier", "cold"), ("verify",)):
+        result = node(*args)
+        assert result.exit_code == 4, (args, result.stderr)
+        assert f"connect {cold}: errno 111 (Connection refused)" in one_line_error(result.stderr)
+    # The archiver logs each retry, then ends with the error line.
+    run = node("run", "--once")
+    assert run.exit_code == 4, run.stderr
+    assert f"connect {cold}: errno 111 (Connection refused)" in run.stderr and "Traceback" not in run.stderr
+    assert run.stderr.splitlines()[-1] == f"tieredstore: error: 1 queues could not be archived: {TOPIC}/0"
+
+
 def test_an_unreachable_metadata_database_is_exit_4_in_one_line(tmp_path: Path) -> None:
     port = _closed_port()
     url = f"postgresql+psycopg://postgres:hunter2@127.0.0.1:{port}/tieredstore?connect_timeout=2"

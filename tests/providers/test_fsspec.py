@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.fixtures.backends import s3fs_options
 from tests.fixtures.s3 import S3Server
-from tieredstore.errors import CommitConflictError, ConfigError, MissingExtraError
+from tieredstore.errors import CommitConflictError, ConfigError, MissingExtraError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, queue_path
 from tieredstore.providers.fsspec import FsspecProvider
 from tieredstore.providers.s3 import S3Provider
@@ -84,6 +85,18 @@ def test_unknown_or_uninstalled_schemes_are_typed_errors() -> None:
         FsspecProvider("gs://bucket/x")
     with pytest.raises(ConfigError):
         FsspecProvider("ftp://user:password@host/x")
+
+
+async def test_a_url_naming_a_server_connects_to_that_server() -> None:
+    """ftp://HOST:PORT/PATH: the host and port are the filesystem's to connect to, the path the root on it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    provider = FsspecProvider(f"ftp://127.0.0.1:{port}/archive/")
+    assert provider.url == f"ftp://127.0.0.1:{port}/archive"
+    assert provider.store.root == "/archive"
+    with pytest.raises(StorageUnavailableError, match=f"connect ftp://127.0.0.1:{port}/archive: errno 111"):
+        await provider.list_segments(QUEUE, FileType.COMMIT_LOG)
 
 
 def test_storage_options_stay_out_of_repr(s3_server: S3Server) -> None:
