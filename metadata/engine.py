@@ -8,6 +8,7 @@ half-way. An in-memory SQLite URL shares one connection so every session sees th
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import StaticPool
 
-from tieredstore.errors import ConfigError, MetadataError, MetadataUnavailableError
+from tieredstore.errors import ConfigError, MetadataCorruptError, MetadataError, MetadataUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 IMMEDIATE_OPTION = "tieredstore_immediate"
@@ -55,6 +56,15 @@ def safe_url(url: str | URL) -> str:
 _UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
 
 
+def _is_corrupt_sqlite(exc: SQLAlchemyError) -> bool:
+    """Whether SQLite said the file is not a database or its pages are damaged."""
+    original = exc.orig if isinstance(exc, DBAPIError) else None
+    return isinstance(original, sqlite3.Error) and original.sqlite_errorcode in (
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_CORRUPT,
+    )
+
+
 def _one_line(exc: SQLAlchemyError) -> str:
     """The driver's own message, first line only: no SQL, parameters or "Background on this error" link."""
     text = str(exc.orig) if isinstance(exc, DBAPIError) and exc.orig is not None else str(exc)
@@ -66,12 +76,18 @@ def translate_errors(action: str, url: str | URL | None = None) -> Iterator[None
     """SQLAlchemy's errors as ours, in one line that names the database without its password.
 
     MetadataUnavailableError when the database could not be reached or stopped answering (a retry may
-    succeed), MetadataError for anything else it refused.
+    succeed), MetadataCorruptError when a SQLite file is not a database or is damaged (no retry will
+    help: point the URL at the right file or restore it), MetadataError for anything else it refused.
     """
     try:
         yield
     except SQLAlchemyError as exc:
         where = f"metadata database {safe_url(url)}" if url is not None else "metadata database"
+        if _is_corrupt_sqlite(exc):
+            raise MetadataCorruptError(
+                f"{where} is not a usable SQLite database ({_one_line(exc)}): point the metadata URL at the "
+                "right file, or restore it from a backup"
+            ) from exc
         if isinstance(exc, _UNREACHABLE):
             raise MetadataUnavailableError(f"{where} cannot be reached ({action}): {_one_line(exc)}") from exc
         raise MetadataError(f"{where} failed to {action}: {exc.__class__.__name__}: {_one_line(exc)}") from exc

@@ -33,6 +33,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from tieredstore.directories import ensure_directory
 from tieredstore.errors import (
     ConcurrentUpdateError,
     LeaseLostError,
@@ -316,7 +317,11 @@ class MetadataStore:
         parsed = parse_url(url)
         engine = create_metadata_engine(parsed)
         try:
-            if create and parsed.get_backend_name() == "sqlite" and cls._is_brand_new_sqlite(parsed, engine):
+            with translate_errors("open it", parsed):
+                brand_new = (
+                    create and parsed.get_backend_name() == "sqlite" and cls._is_brand_new_sqlite(parsed, engine)
+                )
+            if brand_new:
                 with translate_errors("create the embedded schema", parsed):
                     migrate.upgrade(engine)
             return cls(parsed, engine=engine)
@@ -329,7 +334,7 @@ class MetadataStore:
         path = sqlite_path(url)
         if path is not None:
             if not path.exists() or path.stat().st_size == 0:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                ensure_directory(path.parent, "the SQLite metadata database's directory")
                 return True
         elif not is_sqlite_memory(url):
             return False

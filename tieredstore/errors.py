@@ -40,6 +40,10 @@ class ConfigError(TieredStoreError, ValueError):
     """A config file, environment variable or flag is malformed or out of range."""
 
 
+class StoreLockedError(ConfigError):
+    """The hot store is open by another writer (its lock file is held)."""
+
+
 class ValidationError(TieredStoreError, ValueError):
     """Input from a caller breaks a rule; nothing was written."""
 
@@ -125,6 +129,10 @@ class MetadataError(TieredStoreError):
 
 class MetadataUnavailableError(MetadataError):
     """The metadata database cannot be reached or stopped answering (refused, lost, timed out); a retry may succeed."""
+
+
+class MetadataCorruptError(MetadataError, IntegrityError):
+    """The metadata database's file is not a database, or its pages are damaged (SQLite)."""
 
 
 class SchemaVersionError(MetadataError):

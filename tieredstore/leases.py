@@ -48,6 +48,7 @@ from pathlib import Path
 
 import structlog
 
+from tieredstore.directories import ensure_directory
 from tieredstore.errors import ConfigError, LeaseLostError
 from tieredstore.metadata import MetadataStore, QueueLease
 from tieredstore.metadata.engine import parse_url, sqlite_path
@@ -252,7 +253,7 @@ class SingleArchiverLock:
         return None if path is None else cls(path.resolve())
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(self.path.parent, "the SQLite metadata database's directory")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -14,6 +14,7 @@ from tests.cli.helpers import Node, invoke
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.cli import app
 from tieredstore.cli.app import _register_commands
+from tieredstore.local.store import LocalMessageStore
 
 ENTRY_POINT = str(Path(sys.executable).with_name("tieredstore"))
 
@@ -65,6 +66,78 @@ def test_a_schema_from_another_version_is_exit_6(posix: Node) -> None:
     current = posix("db", "current", output="json")
     assert current.exit_code == 0
     assert (current.json()["current"], current.json()["up_to_date"]) == ("f00dfeed", False)
+
+
+def test_a_metadata_file_that_is_not_a_database_or_is_damaged_is_exit_5_and_left_as_it_was(posix: Node) -> None:
+    produce(posix, 0, 3)
+    archive(posix)
+    database = posix.data_dir / "metadata.db"
+    good = database.read_bytes()
+    assert len(good) > 12288 and not database.with_name("metadata.db-wal").exists()
+    damaged = bytearray(good)
+    damaged[4096:12288] = bytes(range(256)) * 32  # the pages after the schema's: tables' rows
+    commands = (
+        ("status",),
+        ("verify",),
+        ("read", TOPIC, "0", "--offset", "0", "--tier", "cold"),
+        ("run", "--once"),
+        ("db", "current"),
+        ("db", "upgrade"),
+    )
+    for content, reason in (
+        (b"these are not the tables you are looking for\n" * 200, "file is not a database"),
+        (bytes(damaged), "database disk image is malformed"),
+    ):
+        database.write_bytes(content)
+        for args in commands:
+            result = posix(*args)
+            assert result.exit_code == 5, (args, result.stderr)
+            line = one_line_error(result.stderr)
+            assert f"is not a usable SQLite database ({reason})" in line, line
+            assert database.read_bytes() == content, f"{args} rewrote the file"
+    database.write_bytes(good)
+    assert posix("verify").exit_code == 0
+
+
+def test_unusable_directories_and_inverted_ranges_are_one_line_errors_that_write_nothing(
+    posix: Node, tmp_path: Path
+) -> None:
+    produce(posix, 0, 3)
+    archive(posix)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    beside = Node("file-as-data-dir", a_file)
+    for args in (("run", "--once"), ("put", TOPIC, "0")):
+        result = beside(*args, input="body\n")
+        assert result.exit_code == 7, (args, result.stderr)
+        assert "not a directory" in one_line_error(result.stderr).lower()
+
+    to_file = posix("restore", TOPIC, "--to-dir", str(a_file))
+    assert to_file.exit_code == 2 and f"--to-dir {a_file} is not a directory" in one_line_error(to_file.stderr)
+    into_file = posix("restore", TOPIC, "--to-store", str(a_file))
+    assert into_file.exit_code == 7
+    assert "the hot store's directory, is not a directory" in one_line_error(into_file.stderr)
+    assert "tieredstore run" not in into_file.stderr  # the lock hint is for a store that is in use only
+    unwritable = posix("restore", TOPIC, "--to-dir", "/proc/tieredstore-export")
+    assert unwritable.exit_code == 4
+    assert "cannot write /proc/tieredstore-export: No such file or directory" in one_line_error(unwritable.stderr)
+    assert a_file.read_text() == "not a directory"
+
+    with LocalMessageStore(tmp_path / "in-use"):
+        locked = posix("restore", TOPIC, "--to-store", str(tmp_path / "in-use"))
+    assert locked.exit_code == 7
+    assert (
+        "already open by another writer" in one_line_error(locked.stderr) and "stop `tieredstore run`" in locked.stderr
+    )
+
+    export = tmp_path / "export"
+    for args in (("--from-offset", "2", "--to-offset", "1"), ("--since", "1h", "--until", "2h")):
+        inverted = posix("restore", TOPIC, *args, "--to-dir", str(export))
+        assert inverted.exit_code == 2, (args, inverted.stderr)
+        assert "is after" in one_line_error(inverted.stderr)
+    assert not export.exists()
+    assert posix("restore", TOPIC, "--to-dir", str(export)).exit_code == 0
+    assert len((export / TOPIC / "0.jsonl").read_text().splitlines()) == 3
 
 
 def test_postgres_needs_db_upgrade_first(postgres_url: str, tmp_path: Path) -> None:

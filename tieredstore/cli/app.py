@@ -155,4 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tieredstore: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
+    except OSError as exc:
+        # A file the library does not type (a path given on the command line, the machine's own limits):
+        # still one line, the system's reason and the path.
+        if debug:
+            raise
+        where = f": {exc.filename}" if exc.filename is not None else ""
+        print(f"tieredstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK

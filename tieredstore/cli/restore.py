@@ -30,14 +30,16 @@ Programmatic use (benchmarks): ``restore_archive(node, request, sink)`` with a `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import errno
 import json
 import math
 import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +68,7 @@ from tieredstore.cli.common import (
     checked_queue_id,
     checked_topic,
     decode_message,
+    iso,
     message_fields,
     open_read_node,
     parse_time,
@@ -74,7 +77,16 @@ from tieredstore.cli.common import (
     verify_message,
 )
 from tieredstore.cli.read import QueueReader
-from tieredstore.errors import ConfigError, CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
+from tieredstore.errors import (
+    ConfigError,
+    CorruptRecordError,
+    NotFoundError,
+    SegmentNotFoundError,
+    StorageError,
+    StoreFullError,
+    StoreLockedError,
+    ValidationError,
+)
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
@@ -134,6 +146,10 @@ class RestoreRequest:
             self.since is not None or self.until is not None
         ):
             raise ValidationError("give an offset range (--from-offset/--to-offset) or a time range, not both")
+        if self.from_offset is not None and self.to_offset is not None and self.from_offset > self.to_offset:
+            raise ValidationError(f"--from-offset {self.from_offset} is after --to-offset {self.to_offset}")
+        if self.since is not None and self.until is not None and self.since > self.until:
+            raise ValidationError(f"--since ({iso(self.since)}) is after --until ({iso(self.until)})")
         if self.batch_messages < 1 or self.batch_bytes < 1:
             raise ValidationError("batch sizes must be positive")
         if self.parallel < 1 or self.read_ahead < 1 or self.max_bytes_in_flight < 1:
@@ -298,6 +314,11 @@ class DirectorySink:
         self._handles: dict[tuple[str, int], Any] = {}
         self._next: dict[tuple[str, int], int] = {}
         self._first: dict[tuple[str, int], int] = {}
+        if directory.exists() and not directory.is_dir():
+            raise ValidationError(f"--to-dir {directory} is not a directory")
+        if not dry_run:
+            with _writing(directory):
+                directory.mkdir(parents=True, exist_ok=True)
 
     def data_path(self, topic: str, queue_id: int) -> Path:
         return self.directory / topic / f"{queue_id}.{self.format}"
@@ -322,10 +343,11 @@ class DirectorySink:
             resume, length, origin = first, 0, first
         if self.dry_run:
             return resume
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(data_path, "ab")  # noqa: SIM115 - held open across batches, closed in finish_queue
-        # Bytes after the last recorded batch are from an interrupted run: cut them, they are written again.
-        handle.truncate(length)
+        with _writing(data_path):
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(data_path, "ab")  # noqa: SIM115 - held open across batches, closed in finish_queue
+            # Bytes after the last recorded batch are from an interrupted run: cut them, they are written again.
+            handle.truncate(length)
         self._handles[(topic, queue_id)] = handle
         self._next[(topic, queue_id)] = resume
         self._first[(topic, queue_id)] = origin
@@ -342,14 +364,16 @@ class DirectorySink:
         if self.format == "raw":
             for raw, where in zip(batch, wheres, strict=True):
                 verify_message(raw, where=where)
-            handle.write(batch.data)
+            with _writing(self.data_path(topic, queue_id)):
+                handle.write(batch.data)
         else:
             lines = []
             for raw, where in zip(batch, wheres, strict=True):
                 record = decode_message(bytes(raw), where=where)
                 fields = message_fields(record, tier="cold", size=len(raw))
                 lines.append(json.dumps(fields, sort_keys=True).encode() + b"\n")
-            handle.write(b"".join(lines))
+            with _writing(self.data_path(topic, queue_id)):
+                handle.write(b"".join(lines))
         self._next[(topic, queue_id)] += len(batch)
         self._save_progress(topic, queue_id)
 
@@ -360,17 +384,18 @@ class DirectorySink:
 
     def _save_progress(self, topic: str, queue_id: int) -> None:
         handle = self._handles[(topic, queue_id)]
-        handle.flush()
-        os.fsync(handle.fileno())
-        progress = {
-            "first_offset": self._first[(topic, queue_id)],
-            "next_offset": self._next[(topic, queue_id)],
-            "length": handle.tell(),
-        }
         path = self._progress_path(topic, queue_id)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(progress, sort_keys=True))
-        os.replace(temporary, path)
+        with _writing(path):
+            handle.flush()
+            os.fsync(handle.fileno())
+            progress = {
+                "first_offset": self._first[(topic, queue_id)],
+                "next_offset": self._next[(topic, queue_id)],
+                "length": handle.tell(),
+            }
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(progress, sort_keys=True))
+            os.replace(temporary, path)
 
     def finish_queue(self, topic: str, queue_id: int) -> None:
         handle = self._handles.pop((topic, queue_id), None)
@@ -381,6 +406,22 @@ class DirectorySink:
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """The export's own file errors, typed: a full disk is StoreFullError, any other failure StorageError.
+
+    The progress file is replaced only after the bytes it counts were fsynced, so a re-run after the
+    problem is fixed resumes at the last whole batch.
+    """
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno == errno.ENOSPC:
+            raise StoreFullError(f"no disk space left for {path}: {reason}") from error
+        raise StorageError(f"cannot write {path}: {reason}") from error
 
 
 # ---- the engine -------------------------------------------------------------------------------------
@@ -856,7 +897,7 @@ def restore(
                     cli.output.note(f"restoring into this node's own hot store {to_store}")
                 try:
                     sink = HotStoreSink(to_store, node, dry_run=dry_run)
-                except ConfigError as error:
+                except StoreLockedError as error:
                     raise ConfigError(f"{error} (stop `tieredstore run` on it first)") from error
             else:
                 assert to_dir is not None

@@ -26,14 +26,15 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from tieredstore.directories import ensure_directory
 from tieredstore.errors import (
-    ConfigError,
     CorruptRecordError,
     InvalidPropertyError,
     InvalidQueueError,
     MessageTooLargeError,
     NotFoundError,
     StoreFullError,
+    StoreLockedError,
     ValidationError,
 )
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
@@ -313,7 +314,7 @@ class LocalMessageStore:
             if not (self.root / "commitlog").is_dir():
                 raise NotFoundError(f"{self.root} has no commitlog directory; it is not a RocketMQ store")
         else:
-            self.root.mkdir(parents=True, exist_ok=True)
+            ensure_directory(self.root, "the hot store's directory")
             self._take_lock()
         try:
             self._commit_log = CommitLog.load(
@@ -359,7 +360,7 @@ class LocalMessageStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             os.close(fd)
-            raise ConfigError(f"{self.root} is already open by another writer (its lock file is held)") from exc
+            raise StoreLockedError(f"{self.root} is already open by another writer (its lock file is held)") from exc
         self._lock_fd = fd
 
     def _release(self) -> None:
