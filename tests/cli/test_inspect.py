@@ -67,10 +67,16 @@ def test_read_from_each_tier_in_every_format(posix: Node) -> None:
 
     past_end = posix("read", TOPIC, "0", "--offset", "60", "--count", "5")
     assert past_end.exit_code == 0 and past_end.stdout == ""
+    assert past_end.stderr.strip() == "no messages from offset 60: Orders/0 holds offsets [0, 60)"
     assert posix("read", TOPIC, "7", "--offset", "0").exit_code == 3
 
     tail = posix("tail", TOPIC, "0", "-n", "2", output="json").json_lines()
     assert [m["queue_offset"] for m in tail] == [58, 59]
+
+    produce(posix, 0, 2)  # offsets 60 and 61, in the hot store only
+    cold_end = posix("read", TOPIC, "0", "--offset", "60", "--tier", "cold", output="json")
+    assert cold_end.exit_code == 0 and cold_end.stdout == ""
+    assert cold_end.stderr.strip() == "no messages from offset 60: Orders/0 holds offsets [0, 60) in the cold tier"
 
 
 def test_offset_for_time_and_query_key(posix: Node) -> None:

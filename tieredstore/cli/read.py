@@ -283,6 +283,12 @@ def read(
                 print_messages(cli, batch.messages, chosen)
                 remaining -= len(batch)
                 position = batch.next_offset
+            if remaining == count:
+                # Nothing at or after the offset (yet): say what the queue holds, so an empty answer is not a puzzle.
+                low, high = reader.bounds(tier)
+                held = f"holds offsets [{low}, {high})" if low < high else "holds nothing"
+                where = "" if tier == "auto" else f" in the {tier} tier"
+                cli.output.note(f"no messages from offset {offset}: {topic}/{queue_id} {held}{where}")
 
     run(go())
 
