@@ -209,6 +209,20 @@ def test_debug_shows_the_traceback(posix: Node) -> None:
         posix("--debug", "read", "../x", "0", "--offset", "0")
 
 
+def test_an_os_error_no_layer_types_is_one_line_and_its_traceback_needs_debug(
+    posix: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", "/srv/tieredstore")
+
+    monkeypatch.setattr("tieredstore.cli.inspect.open_read_node", refused)
+    result = posix("status")
+    assert result.exit_code == 1
+    assert one_line_error(result.stderr) == "tieredstore: error: Permission denied: /srv/tieredstore"
+    with pytest.raises(PermissionError):
+        posix("--debug", "status")
+
+
 def test_the_installed_entry_point_maps_exit_codes(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
