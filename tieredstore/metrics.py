@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from tieredstore.errors import ConfigError
+
 COMMIT_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -71,6 +73,12 @@ class Metrics:
         )
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics over HTTP in a daemon thread; returns the bound port (0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        """Serve /metrics over HTTP in a daemon thread; returns the bound port (0 picks a free one).
+
+        ConfigError when the address cannot be served (in use, not this machine's, unknown name).
+        """
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
         return int(server.server_address[1])

@@ -191,6 +191,19 @@ def test_an_unreachable_fsspec_server_is_exit_4_in_one_line(posix: Node) -> None
     assert run.stderr.splitlines()[-1] == f"tieredstore: error: 1 queues could not be archived: {TOPIC}/0"
 
 
+def test_a_metrics_address_that_cannot_be_served_is_a_config_error(posix: Node) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = posix("run", "--once", "--metrics-port", str(port))
+    assert result.exit_code == 7, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"tieredstore: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_an_unreachable_metadata_database_is_exit_4_in_one_line(tmp_path: Path) -> None:
     port = _closed_port()
     url = f"postgresql+psycopg://postgres:hunter2@127.0.0.1:{port}/tieredstore?connect_timeout=2"
