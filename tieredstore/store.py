@@ -220,6 +220,12 @@ class AsyncTieredMessageStore:
         message's real keys, so a hash collision never returns another key's message.
         """
         validate_topic(topic)
+        if not isinstance(key, str) or not key:
+            raise ValidationError(f"key must be a non-empty string, not {key!r}")
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
+        if begin_timestamp > end_timestamp:
+            raise ValidationError(f"begin timestamp {begin_timestamp} is after end timestamp {end_timestamp}")
         try:
             topic_info = await asyncio.to_thread(self.runtime.metadata.get_topic, topic)
         except NotFoundError:

@@ -145,4 +145,11 @@ async def test_bad_arguments_are_validation_errors(tmp_path: Path) -> None:
             await store.get_messages(TOPIC, 0, 0, 0)
         with pytest.raises(ValidationError, match="offset"):
             await store.get_messages(TOPIC, 0, "3", 1)  # type: ignore[arg-type]
+        # A key query that could only ever answer nothing is a mistake, not an empty result.
+        with pytest.raises(ValidationError, match="key must be"):
+            await store.query_by_key(TOPIC, "")
+        with pytest.raises(ValidationError, match="max_count"):
+            await store.query_by_key(TOPIC, "k", -1)
+        with pytest.raises(ValidationError, match="is after end timestamp"):
+            await store.query_by_key(TOPIC, "k", 10, 100, 5)
         assert (await store.get_messages(TOPIC, 0, 0)).status is GetMessageStatus.FOUND
