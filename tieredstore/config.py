@@ -172,6 +172,19 @@ class TieredStoreConfig(BaseSettings):
         # Flags (init) beat the environment, which beats the file (passed in as defaults by load_config).
         return (init_settings, env_settings)
 
+    @pydantic.field_validator("data_dir")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        # "~/x" in a TOML file or a variable means the home directory, as it does typed in a shell.
+        return _home_expanded(value)
+
+    @pydantic.field_validator("cold_url")
+    @classmethod
+    def _expand_home_in_a_path(cls, value: str | None) -> str | None:
+        if value is None or not value.startswith("~"):
+            return value  # a URL, or a path without ~
+        return str(_home_expanded(Path(value)))
+
     @property
     def effective_metadata_url(self) -> str:
         return self.metadata_url or f"sqlite:///{(self.data_dir / 'metadata.db').resolve()}"
@@ -219,6 +232,13 @@ def _one_line(exc: pydantic.ValidationError, origin: str) -> str:
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         problems.append(f"{where}: {message}")
     return f"invalid configuration ({origin}): " + "; ".join(problems)
+
+
+def _home_expanded(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # ~user of no such user, or no home at all
+        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from exc
 
 
 def load_config(path: str | Path | None = None, **flags: Any) -> TieredStoreConfig:

@@ -87,6 +87,25 @@ def test_bad_environment_values_are_one_line_config_errors(
     assert one_line(str(refused.value))
 
 
+def test_a_home_relative_path_in_a_file_or_variable_means_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "tieredstore.toml"
+    path.write_text('data_dir = "~/tieredstore-data"\ncold_url = "~/archive"\n')
+    config = load_config(path)
+    assert config.data_dir == tmp_path / "home" / "tieredstore-data"
+    assert config.effective_cold_url == str(tmp_path / "home" / "archive")
+    assert config.effective_metadata_url == f"sqlite:///{tmp_path / 'home' / 'tieredstore-data' / 'metadata.db'}"
+    monkeypatch.setenv("TIEREDSTORE_DATA_DIR", "~/elsewhere")
+    assert load_config().data_dir == tmp_path / "home" / "elsewhere"
+    assert load_config(cold_url="s3://bucket/~archive").cold_url == "s3://bucket/~archive"  # URLs as given
+    with pytest.raises(ConfigError, match="cannot expand"):
+        load_config(data_dir="~no-such-user-here/x")
+    assert not (tmp_path / "~").exists()
+
+
 def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nowhere.toml")
