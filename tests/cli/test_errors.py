@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -247,6 +249,32 @@ def test_the_installed_entry_point_maps_exit_codes(tmp_path: Path) -> None:
     assert bad.stderr.startswith("tieredstore: error: topic name '../x'") and bad.stderr.count("\n") == 1
     current = run("--output", "json", "db", "current")
     assert current.returncode == 0 and '"up_to_date"' in current.stdout
+
+
+def test_ctrl_c_is_exit_130_not_success(posix: Node) -> None:
+    """A restore or a watch stopped with Ctrl-C must not look to a script like one that finished."""
+    produce(posix, 0, 3)
+    for command in (
+        ("tail", TOPIC, "0", "--follow", "--interval", "0.1"),
+        ("-o", "json", "status", "--watch", "--interval", "0.1"),
+    ):
+        process = subprocess.Popen(
+            [ENTRY_POINT, "--data-dir", str(posix.data_dir), *command],  # JSON: a text watch draws at its end
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its first line arrives while it still runs
+        )
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline(), "the command printed nothing before the signal"
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 130, (command, stderr)
+        assert stderr.strip().splitlines()[-1] == "tieredstore: interrupted"
 
 
 def test_every_command_documents_an_example() -> None:

@@ -133,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     _register_commands()
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        app(args=argv, prog_name="tieredstore", standalone_mode=False)
+        # Outside standalone mode typer returns an Exit's code instead of raising it, and turns Ctrl-C
+        # into Exit(130): a code returned here is the command's, not a value to drop.
+        returned = app(args=argv, prog_name="tieredstore", standalone_mode=False)
+        if isinstance(returned, int) and not isinstance(returned, bool) and returned != EXIT_OK:
+            if returned == EXIT_INTERRUPTED:
+                print("tieredstore: interrupted", file=sys.stderr)
+            return returned
     except (click.exceptions.Abort, typer.Abort):
         print("tieredstore: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
