@@ -93,8 +93,6 @@ class FsspecObjectStore(ObjectStore):
         except ValueError as error:
             raise ConfigError(f"no fsspec filesystem is known for {protocol}://") from error
         url = f"{protocol}://{root}".rstrip("/")
-        # What the store is called in messages: the URL, or the root as the filesystem takes it.
-        self.url = url
         server = self._filesystem_class._get_kwargs_from_urls(url)
         if server:
             # The URL names a server (ftp://HOST:PORT/PATH): the filesystem connects to it, and the root is
@@ -103,8 +101,8 @@ class FsspecObjectStore(ObjectStore):
             root = self._filesystem_class._strip_protocol(url)
         self.protocol = protocol
         self.root = root.rstrip("/")
-        if not server:
-            self.url = f"{protocol}://{self.root}"
+        # What the store is called in messages: the URL naming the server, or the root as the filesystem takes it.
+        self.url = url if server else f"{protocol}://{self.root}"
         self.is_async = bool(getattr(self._filesystem_class, "async_impl", False))
         self._storage_options = storage_options
         self._filesystem: Any = None
