@@ -436,6 +436,8 @@ class ReadAheadCache:
         self._bytes = 0
         # Per queue, the [first, end) offsets of the batches put; an entry whose batch has gone is dropped lazily.
         self._spans: dict[tuple[str, int], dict[int, int]] = {}
+        # Per queue, the first offset of the batch found last (a hint, checked like any span).
+        self._last_found: dict[tuple[str, int], int] = {}
 
     @property
     def enabled(self) -> bool:
@@ -507,10 +509,20 @@ class ReadAheadCache:
         spans = self._spans.get((topic, queue_id))
         if not spans:
             return None
+        # A consumer going through a queue asks within the batch it asked last, or at the start of the
+        # next one: both are found without going through every batch the queue has cached.
+        hint = self._last_found.get((topic, queue_id))
+        for first in (hint, offset):
+            if first is not None and first <= offset < spans.get(first, first):
+                entry = self._entries.get((topic, queue_id, first))
+                if entry is not None and entry[0].end_offset == spans[first]:
+                    self._last_found[(topic, queue_id)] = first
+                    return entry[0]
         for first, end in list(spans.items()):
             if first <= offset < end:
                 entry = self._entries.get((topic, queue_id, first))
                 if entry is not None and entry[0].end_offset == end:
+                    self._last_found[(topic, queue_id)] = first
                     return entry[0]
                 del spans[first]
         return None
@@ -543,12 +555,14 @@ class ReadAheadCache:
         for key in [key for key in self._entries if key[0] == topic and key[1] == queue_id]:
             self._drop(key)
         self._spans.pop((topic, queue_id), None)
+        self._last_found.pop((topic, queue_id), None)
         self.metrics.cache_bytes.set(self._bytes)
 
     def clear(self) -> None:
         self._entries.clear()
         self._bytes = 0
         self._spans.clear()
+        self._last_found.clear()
         self.metrics.cache_bytes.set(0)
 
 

@@ -211,3 +211,33 @@ async def test_a_crash_just_after_the_hole_keeps_it(
         hot |= await append_range(queue, expected_archived, 28)
         assert await queue.commit() == 28
         assert await check_queue_invariant(queue, reference=hot) == []
+
+
+async def test_runs_asked_after_every_change_are_current(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    """Readers ask for the runs on every call, and the answer is remembered between changes: each kind of
+    change (appends within a segment, rolls, a hole, expiry of head segments) must show at once."""
+    queue = await new_store(memory_provider, metadata).get_or_create(TOPIC, 0)
+    assert (queue.archived_runs, queue.lost_ranges) == ([], [])
+    await append_range(queue, 0, 3)
+    await queue.commit()  # within the first consume-queue segment (5 units)
+    assert (queue.archived_runs, queue.lost_ranges) == ([(0, 3)], [])
+    await append_range(queue, 3, 12)
+    await queue.commit()  # rolled twice
+    assert (queue.archived_runs, queue.lost_ranges) == ([(0, 12)], [])
+    await queue.skip_to(20)
+    assert (queue.archived_runs, queue.lost_ranges) == ([(0, 12)], [(12, 20)])
+    await append_range(queue, 20, 21)
+    await queue.commit()
+    assert (queue.archived_runs, queue.lost_ranges) == ([(0, 12), (20, 21)], [(12, 20)])
+    assert queue.archived_run_end(20) == 21
+    await append_range(queue, 21, 30)
+    await queue.commit()
+    assert queue.archived_run_end(20) == 30 and queue.archived_run_end(3) == 12
+    base = decode((await queue.read_messages(0, 1))[0]).store_timestamp
+    await queue.destroy_expired(base + 6)  # the head segments that end before offset 6 go
+    assert queue.min_offset > 0 and queue.archived_runs[0][0] == queue.min_offset
+    assert queue.lost_ranges == [(12, 20)]
+    await queue.destroy_expired(base + 21)
+    assert (queue.archived_runs, queue.lost_ranges) == ([(20, 30)], [])

@@ -99,6 +99,25 @@ def test_one_batch_serves_any_run_inside_it_and_is_evicted_whole() -> None:
     assert _value(metrics.cache_hits) == 15 and _value(metrics.cache_misses) == 3
 
 
+def test_a_batch_found_last_that_was_replaced_or_evicted_is_not_served() -> None:
+    """Lookups start with the batch found last; one replaced by a shorter batch at the same offset, or
+    evicted, must answer for what the cache holds now."""
+    cache = ReadAheadCache(10_000, 15.0, clock=FakeClock())
+    cache.put(_batch(0, 100, records=10))  # 0..9
+    cache.put(_batch(10, 100, records=10))  # 10..19
+    assert _offsets(cache.get_run("T", 0, 5, 2)) == [5, 6]
+    assert _offsets(cache.get_run("T", 0, 7, 6)) == [7, 8, 9, 10, 11, 12], "runs on into the next batch"
+    assert _offsets(cache.get_run("T", 0, 3, 1)) == [3], "back in an earlier batch"
+    cache.put(_batch(0, 100, records=4))  # re-read shorter: 0..3 only
+    assert cache.get_run("T", 0, 6, 1) == []
+    assert _offsets(cache.get_run("T", 0, 2, 5)) == [2, 3]
+    for offset in range(100, 200):  # 10,000 bytes: evicts everything else
+        cache.put(_batch(offset, 100))
+    assert cache.get_run("T", 0, 2, 1) == [] and cache.get_run("T", 0, 12, 1) == []
+    cache.discard_queue("T", 0)
+    assert cache.get_run("T", 0, 150, 1) == []
+
+
 async def test_a_full_cache_is_bypassed_reading_only_what_is_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

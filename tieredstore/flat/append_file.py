@@ -71,6 +71,8 @@ class FlatAppendFile:
         self._initial_offset = initial_offset
         self._recorded_sizes: dict[int, int] = {}
         self.read_only = False
+        # held_ranges' answer and what it was computed from (see _held_key): readers ask on every call.
+        self._held_memo: tuple[tuple[object, ...], list[tuple[int, int]]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -107,8 +109,37 @@ class FlatAppendFile:
         """No segment at all: the next append starts the file at its initial offset."""
         return not self.segments
 
+    def _held_key(self) -> tuple[object, ...]:
+        """What ``held_ranges`` depends on that can change: the segment list object, its length, its first
+        and last segments and the last one's commit position.
+
+        Only the last segment grows; the others are sealed before another one starts, and every other
+        change (a roll, a hole, retention, a truncation, a reload) replaces the list, changes its length
+        or replaces its first or last segment. ``recover`` forgets the answer when it is done, since it
+        corrects sizes of segments already listed.
+        """
+        segments = self.segments
+        if not segments:
+            return (segments, 0)
+        last = segments[-1]
+        return (segments, len(segments), segments[0], last, last.commit_position)
+
     def held_ranges(self) -> list[tuple[int, int]]:
-        """The committed bytes as [start, end) runs: one run unless the file has holes."""
+        """The committed bytes as [start, end) runs: one run unless the file has holes.
+
+        Remembered until the segments change, so a reader asking on every call does not walk a long
+        queue's hundreds of segments each time.
+        """
+        key = self._held_key()
+        memo = self._held_memo
+        # The list by identity (a list compares by contents); segments have no __eq__, so compare as themselves.
+        if memo is not None and memo[0][0] is key[0] and memo[0][1:] == key[1:]:
+            return list(memo[1])
+        runs = self._walk_held_ranges()
+        self._held_memo = (key, runs)
+        return list(runs)
+
+    def _walk_held_ranges(self) -> list[tuple[int, int]]:
         runs: list[tuple[int, int]] = []
         for segment in self.segments:
             start, end = segment.base_offset, segment.base_offset + segment.commit_position
@@ -530,6 +561,7 @@ class FlatAppendFile:
                 continue
             real = await segment.correct_commit_position()
             corrected = corrected or real != self._recorded_sizes[segment.base_offset]
+        self._held_memo = None
         return corrected
 
     def load(self, records: Sequence[SegmentRecord], *, limit_offset: int | None = None) -> None:
