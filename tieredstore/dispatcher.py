@@ -87,6 +87,8 @@ class _QueueState:
     retry_at: float = 0.0
     last_error: str | None = None
     blocked_gap: tuple[int, int] | None = None
+    # The hot store holds fewer offsets than are archived (it was replaced or lost its files): said once.
+    hot_behind: bool = False
 
     @property
     def archived_offset(self) -> int:
@@ -313,6 +315,7 @@ class Dispatcher:
                     elif state.retry_at > time.monotonic():
                         open_queues.append(state)
                     continue
+                self._check_hot_behind(state, target)
                 if state.archived_offset >= target and not state.needs_commit:
                     continue
                 if state.failures >= max_attempts:
@@ -487,6 +490,7 @@ class Dispatcher:
                 view = await asyncio.to_thread(self._hot_view, topic, queue_id, state.append_offset)
             state.hot = view
             self._update_lag(state)
+            self._check_hot_behind(state, view.max_offset)
             if (topic, queue_id) in self._tasks or state.retry_at > now or self._stopping:
                 continue
             if not self._is_due(state, force=force):
@@ -876,6 +880,37 @@ class Dispatcher:
             return
         if loaded is state.flat_file:
             self.flat.forget(*key)
+
+    def _check_hot_behind(self, state: _QueueState, hot_max: int) -> None:
+        """Say once, loudly, when the hot store holds fewer offsets than cold storage has archived.
+
+        The hot store's max offset never goes down, so it was replaced (a lost disk, a wiped directory)
+        or lost files it had not synced. Producers writing into it now reuse offsets the archive holds
+        other messages at: those are never archived (the archive goes on from its own offset once the
+        hot store passes it), and readers get the hot or the cold message depending on the tier.
+        Restoring the archive into the hot store first (``restore --to-store``) avoids both.
+        """
+        archived = state.archived_offset
+        behind = state.flat_file is not None and hot_max < archived
+        if behind and not state.hot_behind:
+            log.error(
+                "the hot store holds fewer offsets than are archived: it was replaced or lost its files; "
+                "messages put at offsets below the archived one will not be archived. Restore the archive "
+                "into it (tieredstore restore TOPIC --to-store) before producing to this queue",
+                topic=state.topic,
+                queue_id=state.queue_id,
+                hot_max=hot_max,
+                archived=archived,
+            )
+            self.metrics.hot_behind_archive.labels(state.topic).inc()
+        elif state.hot_behind and not behind:
+            log.warning(
+                "the hot store reached the archived offset again; archiving goes on from there",
+                topic=state.topic,
+                queue_id=state.queue_id,
+                archived=archived,
+            )
+        state.hot_behind = behind
 
     def _update_lag(self, state: _QueueState) -> None:
         lag = max(0, state.hot.max_offset - state.archived_offset)

@@ -50,6 +50,12 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self.hot_behind_archive = Counter(
+            "tieredstore_hot_behind_archive",
+            "Times a queue's hot store was found holding fewer offsets than are archived (replaced or lost files)",
+            ["topic"],
+            registry=r,
+        )
         self.storage_up = Gauge(
             "tieredstore_cold_storage_up", "1 when the last commit reached cold storage, 0 during an outage", registry=r
         )

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from tests.archiver.helpers import Archive, PathFaultProvider
 from tieredstore.errors import CorruptRecordError, StorageError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.message import decode
+from tieredstore.local import LocalMessageStore, LocalStoreConfig
 from tieredstore.providers.testing import FaultPlan, FaultyProvider
 
 ALWAYS = 10**9
@@ -329,3 +332,45 @@ async def test_a_queue_lost_while_its_cold_queue_opens_is_let_go(archive: Archiv
     assert result.failed == {}
     assert archive.archived("Contested", 0) == 3
     assert await archive.check("Contested", 0) == []
+
+
+async def test_a_hot_store_behind_the_archive_is_reported_once_and_archiving_goes_on_past_it(
+    archive: Archive, tmp_path: Path
+) -> None:
+    archive.put("Orders", 0, 20)
+    await archive.dispatcher(group_commit_timeout=0).run_once()
+    assert archive.archived("Orders", 0) == 20
+    # The node's disk is replaced: an empty hot store, into which producers write from offset 0 again.
+    archive.hot.close()
+    archive.hot = LocalMessageStore(tmp_path / "new-hot", config=LocalStoreConfig(commit_log_file_size=8 << 20))
+    archive.put("Orders", 0, 5)
+    dispatcher = archive.dispatcher(group_commit_timeout=0)
+
+    def behind_reports() -> float:
+        value = archive.metrics.registry.get_sample_value("tieredstore_hot_behind_archive_total", {"topic": "Orders"})
+        return value or 0.0
+
+    with structlog.testing.capture_logs() as logs:
+        assert (await dispatcher.run_once()).failed == {}
+        await dispatcher.run_once()
+    errors = [entry for entry in logs if entry["log_level"] == "error"]
+    assert len(errors) == 1, "said once, not on every scan"
+    assert "restore" in errors[0]["event"]
+    assert (errors[0]["topic"], errors[0]["queue_id"], errors[0]["hot_max"], errors[0]["archived"]) == (
+        "Orders",
+        0,
+        5,
+        20,
+    )
+    assert behind_reports() == 1
+    assert archive.archived("Orders", 0) == 20, "nothing archived at offsets the archive already holds"
+
+    archive.put("Orders", 0, 20)  # offsets 5..24: the archive goes on from 20
+    with structlog.testing.capture_logs() as logs:
+        await dispatcher.run_once()
+    assert archive.archived("Orders", 0) == 25
+    assert [entry["log_level"] for entry in logs if "hot store reached" in entry["event"]] == ["warning"]
+    archived = await archive.flat.get("Orders", 0).read_messages(20, 5)
+    hot = archive.hot.read_messages("Orders", 0, 20, 5, 1 << 20)
+    assert [decode(raw).body for raw in archived] == [decode(m.raw).body for m in hot]
+    assert behind_reports() == 1

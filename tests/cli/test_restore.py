@@ -89,6 +89,30 @@ def test_interrupted_restore_continues_without_duplicates(posix: Node) -> None:
     assert sorted(hot_records(target, TOPIC, 0)) == list(range(250))
 
 
+def test_a_hot_store_written_into_after_it_was_lost_is_flagged_and_not_resumed_into(posix: Node) -> None:
+    produce(posix, 0, 40)
+    archive(posix)
+    shutil.rmtree(posix.hot_dir)
+    produce(posix, 0, 3)  # a replaced disk: producers start again at offset 0, offsets the archive holds
+
+    rows = posix("status", output="json").json()["rows"]
+    assert [(r["hot_max"], r["archived"], r["hot_behind_archive"]) for r in rows] == [(3, 40, True)]
+    text = posix("status")
+    assert "warning: Orders/0: the hot store holds offsets below 3 but 40 are archived" in text.stderr
+    ran = posix("run", "--once")
+    assert ran.exit_code == 0
+    assert "fewer offsets than are archived" in ran.stdout + ran.stderr
+
+    refused = posix("restore", TOPIC, "--to-store", str(posix.hot_dir))
+    assert refused.exit_code == 2
+    assert "holds a different message at Orders/0 offset 2 than the archive" in refused.stderr
+    assert sorted(hot_records(posix.hot_dir, TOPIC, 0)) == [0, 1, 2], "nothing written"
+    # Into an empty directory the archive comes back whole, and a second run resumes nothing.
+    target = posix.data_dir / "empty"
+    assert posix("restore", TOPIC, "--to-store", str(target), output="json").json()["messages"] == 40
+    assert posix("restore", TOPIC, "--to-store", str(target), output="json").json()["messages"] == 0
+
+
 def test_export_to_files_resumes_after_a_crash_mid_batch(posix: Node) -> None:
     produce(posix, 0, 180)
     archive(posix)

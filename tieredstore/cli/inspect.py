@@ -116,8 +116,10 @@ def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, A
     files = _cold_files(node)
     hot = node.hot
     keys = set(positions)
+    hot_keys: set[tuple[str, int]] = set()
     if hot is not None:
-        keys.update(k for k in hot.queues() if topic is None or k[0] == topic)
+        hot_keys = {k for k in hot.queues() if topic is None or k[0] == topic}
+        keys.update(hot_keys)
     now = now_ms()
     rows = []
     for key in sorted(keys):
@@ -132,12 +134,15 @@ def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, A
             consume_queue_segments=len(cold.consume_queue),
         )
         archived = 0
+        row["hot_behind_archive"] = False
         if position is not None:
             archived = position.max_offset
             row.update(archived=position.max_offset, cold_min=position.min_offset)
         if hot is not None:
             hot_min, hot_max = hot.min_offset(*key), hot.max_offset(*key)
             row.update(hot_min=hot_min, hot_max=hot_max, lag=max(0, hot_max - archived))
+            # The hot store knows the queue but holds fewer offsets than are archived: replaced or lost files.
+            row["hot_behind_archive"] = key in hot_keys and hot_max < archived
             oldest = max(archived, hot_min)
             if oldest < hot_max:
                 row["unarchived_age_ms"] = max(0, now - hot.store_timestamp(key[0], key[1], oldest))
@@ -169,7 +174,16 @@ def status(
 
     formatters = {"cold_bytes": human_bytes, "unarchived_age_ms": human_age}
     if not watch:
-        cli.output.table("status", STATUS_COLUMNS, run(snapshot()), formatters=formatters)
+        rows = run(snapshot())
+        cli.output.table("status", STATUS_COLUMNS, rows, formatters=formatters)
+        for row in rows:
+            if row["hot_behind_archive"] and not cli.output.is_json:
+                cli.output.note(
+                    f"warning: {row['topic']}/{row['queue_id']}: the hot store holds offsets below {row['hot_max']} "
+                    f"but {row['archived']} are archived (replaced, or lost files); messages put below "
+                    f"{row['archived']} will not be archived: restore the archive into it first "
+                    f"(tieredstore restore {row['topic']} --queue {row['queue_id']} --to-store DIR)"
+                )
         return
     count = 0
     if cli.output.is_json:

@@ -91,7 +91,7 @@ from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
 from tieredstore.formats.consume_queue import UNIT_SIZE
-from tieredstore.formats.message import MIN_RECORD_SIZE, split_back_to_back
+from tieredstore.formats.message import MIN_RECORD_SIZE, same_but_physical_offset, split_back_to_back
 from tieredstore.local.store import JoinedRecords, LocalMessageStore
 from tieredstore.runtime import local_store_config
 
@@ -246,6 +246,10 @@ class RestoreSink(Protocol):
 
     def resume_offset(self, topic: str, queue_id: int, first: int, end: int) -> int: ...
 
+    def held_record(self, topic: str, queue_id: int, queue_offset: int) -> bytes | None:
+        """The record the target holds at ``queue_offset`` (to check a resume against), None if it cannot say."""
+        ...
+
     def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None: ...
 
     def skip_to(self, topic: str, queue_id: int, queue_offset: int) -> None: ...
@@ -279,6 +283,12 @@ class HotStoreSink:
                 f"restoring would leave a gap (restore from --from-offset {held}, or into an empty store)"
             )
         return min(held, end)
+
+    def held_record(self, topic: str, queue_id: int, queue_offset: int) -> bytes | None:
+        if self.store is None:
+            return None
+        held = self.store.read_messages(topic, queue_id, queue_offset, 1, 1 << 40)
+        return held[0].raw if held and held[0].queue_offset == queue_offset else None
 
     def write(self, topic: str, queue_id: int, batch: JoinedRecords) -> None:
         assert self.store is not None
@@ -325,6 +335,9 @@ class DirectorySink:
 
     def _progress_path(self, topic: str, queue_id: int) -> Path:
         return self.directory / topic / f"{queue_id}.{self.format}.progress"
+
+    def held_record(self, topic: str, queue_id: int, queue_offset: int) -> bytes | None:
+        return None  # an export's own progress file says where it stopped; its records are not re-read
 
     def resume_offset(self, topic: str, queue_id: int, first: int, end: int) -> int:
         progress_path = self._progress_path(topic, queue_id)
@@ -638,6 +651,29 @@ async def _read_following(
     return _Batch(JoinedRecords(raw, np.diff(ends).tolist()), held, commitlog_offset + int(ends[-1]))
 
 
+async def _check_resume(flat_file: FlatMessageFile, sink: RestoreSink, queue_offset: int) -> None:
+    """Refuse to resume into a target whose last record held is not the archive's message at that offset.
+
+    A target that already holds offsets is taken for an earlier, interrupted restore of this archive. A
+    hot store producers wrote into after it was replaced holds other messages at those offsets: going
+    on would mix them with the archive's, and its own would never be archived.
+    """
+    topic, queue_id = flat_file.topic, flat_file.queue_id
+    held = await asyncio.to_thread(sink.held_record, topic, queue_id, queue_offset)
+    if held is None:
+        return
+    try:
+        archived = await flat_file.read_messages(queue_offset, 1)
+    except NotFoundError:
+        return  # not archived (expired or lost): nothing to compare with
+    if archived and not same_but_physical_offset(held, archived[0]):
+        raise ValidationError(
+            f"{sink.description} holds a different message at {topic}/{queue_id} offset {queue_offset} than the "
+            f"archive: it is not an earlier restore of it (producers wrote into it?); restore into an empty "
+            f"directory instead"
+        )
+
+
 async def restore_archive(
     node: ReadNode,
     request: RestoreRequest,
@@ -665,6 +701,8 @@ async def restore_archive(
         flat_file = archived_queue(node.flat, position, rows)
         first, end = await _queue_range(node, flat_file, request)
         resumed = await asyncio.to_thread(sink.resume_offset, position.topic, position.queue_id, first, end)
+        if resumed > first:
+            await _check_resume(flat_file, sink, resumed - 1)
         outcome = QueueOutcome(position.topic, position.queue_id, first, end, resumed)
         outcome.lost = [
             (max(start, resumed), min(stop, end))

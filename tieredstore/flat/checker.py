@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from tieredstore.errors import CorruptRecordError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode, tag_hash
+from tieredstore.formats.message import decode, same_but_physical_offset, tag_hash
 
 ReferenceLookup = Callable[[int], bytes | None] | Mapping[int, bytes]
 DEFAULT_BATCH = 1024
-_PHYSICAL_OFFSET_END = POS_PHYSICAL_OFFSET + 8
 
 
 class ProblemKind(enum.StrEnum):
@@ -232,14 +231,10 @@ def _check_unit(
     if hot is None:
         report(ProblemKind.REFERENCE_MISSING, queue_offset, cl_offset, "the hot store has no such message")
         return
-    if _without_physical_offset(hot) != _without_physical_offset(record_bytes):
+    if not same_but_physical_offset(hot, record_bytes):
         report(
             ProblemKind.REFERENCE_MISMATCH,
             queue_offset,
             cl_offset,
             f"cold bytes ({len(record_bytes)}) differ from the hot copy ({len(hot)}) beyond PHYSICALOFFSET",
         )
-
-
-def _without_physical_offset(record: bytes) -> bytes:
-    return record[:POS_PHYSICAL_OFFSET] + record[_PHYSICAL_OFFSET_END:]

@@ -345,6 +345,13 @@ def blank_record(size: int) -> bytes:
     return BLANK_HEADER.pack(size, MAGIC_BLANK) + bytes(max(0, size - BLANK_HEADER.size))
 
 
+def same_but_physical_offset(a: bytes, b: bytes) -> bool:
+    """Whether two records are byte-identical but for PHYSICALOFFSET: one message in two stores (hot and
+    cold, or an archive and a hot store it was restored into)."""
+    end = POS_PHYSICAL_OFFSET + 8
+    return len(a) == len(b) and a[:POS_PHYSICAL_OFFSET] == b[:POS_PHYSICAL_OFFSET] and a[end:] == b[end:]
+
+
 def record_size_at(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
     """(total size, magic) of the record starting at ``pos``; raises if fewer than 8 bytes remain."""
     if len(buf) - pos < BLANK_HEADER.size:
