@@ -382,7 +382,10 @@ class S3ObjectStore(ObjectStore):
         """Run ``operation(sync_client)`` in a worker thread, translated and retried as ``_call`` does."""
         async for attempt in self._retrying():
             with attempt:
-                client = self._provider.sync_client()
+                client = self._provider.created_sync_client
+                if client is None:
+                    # Building a botocore client takes tens of milliseconds of CPU: not on the event loop.
+                    client = await asyncio.to_thread(self._provider.sync_client)
                 with translate_s3_errors(what):
                     return await asyncio.to_thread(operation, client)
         raise AssertionError("tenacity ends with a result or an exception")  # pragma: no cover
@@ -567,6 +570,11 @@ class S3Provider(ChunkedProvider):
             if self._sync_client is None:
                 self._sync_client = self._create_sync_client()
             return self._sync_client
+
+    @property
+    def created_sync_client(self) -> Any:
+        """The sync client if it was created already, else None (``sync_client`` creates it)."""
+        return self._sync_client
 
     def _create_sync_client(self) -> Any:
         options = self.options

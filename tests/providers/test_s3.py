@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -285,3 +286,35 @@ def test_missing_s3_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "aiobotocore", None)
     with pytest.raises(MissingExtraError, match=r"pip install 'tieredstore\[s3\]'"):
         open_provider("s3://bucket/prefix")
+
+
+async def test_the_first_read_builds_its_client_off_the_event_loop(
+    s3_bucket_url: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other coroutines of an application keep running while the first object read builds its botocore
+    client (tens of milliseconds of CPU, made slow here)."""
+    async with S3Provider(s3_bucket_url, **s3_options) as writer:
+        segment = writer.segment(FileType.COMMIT_LOG, QUEUE, 0)
+        segment.append(b"m" * 100)
+        await segment.commit()
+    build = S3Provider._create_sync_client
+
+    def slow_build(self: S3Provider) -> Any:
+        time.sleep(0.3)
+        return build(self)
+
+    monkeypatch.setattr(S3Provider, "_create_sync_client", slow_build)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async with S3Provider(s3_bucket_url, **s3_options) as reader:
+        ticking = asyncio.create_task(ticker())
+        data = await reader.segment(FileType.COMMIT_LOG, QUEUE, 0, commit_position=100).read(0, 100)
+        ticking.cancel()
+    assert data == b"m" * 100
+    assert ticks >= 10, f"the event loop ran {ticks} times in the 0.3 s the client took to build"
