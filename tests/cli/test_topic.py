@@ -27,7 +27,10 @@ def test_retention_dry_run_then_delete(node: Node) -> None:
     changed = node("topic", "set-retention", TOPIC, "2", output="json")
     assert changed.json() == {"topic": TOPIC, "reserve_hours": 2, "status": "ACTIVE"}
     assert node("retention", "--dry-run", output="json").json()["segment_count"] == 0
+    nothing = node("retention", "--dry-run")
+    assert nothing.stdout.strip() == "retention would remove 0 segments (0 bytes)", "no empty table"
     assert age_sealed_segments(node, 3) >= 2
+    assert "would delete" in node("retention", "--dry-run").stdout
 
     plan = node("retention", "--dry-run", output="json").json()
     assert plan["dry_run"] is True

@@ -145,7 +145,8 @@ def retention(
         return
     columns = ("topic", "queue_id", "file_type", "base_offset", "size", "end_timestamp", "min_offset_after")
     title = "would delete" if dry_run else "deleted"
-    cli.output.table(title, columns, rows, formatters={"end_timestamp": lambda v: iso(int(v)) or ""})
+    if rows:  # an empty table says less than the line below
+        cli.output.table(title, columns, rows, formatters={"end_timestamp": lambda v: iso(int(v)) or ""})
     verb = "would remove" if dry_run else "removed"
     cli.output.line(
         f"retention {verb} {report.segment_count} segments ({report.bytes_removed} bytes)"
