@@ -183,6 +183,22 @@ def test_async_flush_catches_up_within_the_interval(tmp_path: Path) -> None:
             time.sleep(0.01)
 
 
+def test_an_idle_store_does_not_rewrite_its_checkpoint(tmp_path: Path) -> None:
+    """Disk writes (and fsyncs) while nothing is put would never stop on an idle node; the next put moves it."""
+    checkpoint = tmp_path / "checkpoint"
+    with LocalMessageStore(tmp_path, config=small_config(flush_interval=0.02)) as store:
+        store.put_message("t", 0, b"x")
+        store.flush()
+        written = checkpoint.stat().st_mtime_ns, checkpoint.read_bytes()
+        time.sleep(0.3)  # ~15 flush intervals
+        assert (checkpoint.stat().st_mtime_ns, checkpoint.read_bytes()) == written
+        store.put_message("t", 0, b"y")
+        store.flush()
+        assert checkpoint.read_bytes() != written[1]
+    with LocalMessageStore(tmp_path, config=small_config()) as store:
+        assert store.recovery.clean and store.max_offset("t", 0) == 2
+
+
 def test_clean_reopen_scans_nothing_and_a_second_writer_is_refused(tmp_path: Path, config: LocalStoreConfig) -> None:
     with LocalMessageStore(tmp_path, config=config) as store:
         for i in range(40):

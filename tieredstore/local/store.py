@@ -301,6 +301,8 @@ class LocalMessageStore:
         self._flush_lock = threading.Lock()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._last_store_timestamp = 0
+        # What the checkpoint file holds, as (store timestamp, confirmed offset), once this store wrote it.
+        self._checkpointed: tuple[int, int] | None = None
         self._unit_count = 0
         self._disk_cap = self.config.hot_disk_max_bytes
         # Wall-clock ms of the last disk-usage look and until when it stays good; a clock jump re-checks.
@@ -592,7 +594,10 @@ class LocalMessageStore:
 
     def _write_checkpoint(self, confirmed: int) -> None:
         stamp = self._last_store_timestamp
+        if self._checkpointed == (stamp, confirmed):
+            return  # an idle store does not rewrite (and fsync) the same checkpoint every flush interval
         Checkpoint(stamp, stamp, 0, confirmed).write(self.root / "checkpoint")
+        self._checkpointed = (stamp, confirmed)
 
     @property
     def flush_stats(self) -> FlushStats:
