@@ -44,6 +44,10 @@ class StoreLockedError(ConfigError):
     """The hot store is open by another writer (its lock file is held)."""
 
 
+class ArchiverRunningError(ConfigError):
+    """A command that changes cold storage found an archiver running on the same (SQLite) metadata."""
+
+
 class ValidationError(TieredStoreError, ValueError):
     """Input from a caller breaks a rule; nothing was written."""
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import structlog
 
 from tieredstore.directories import ensure_directory
-from tieredstore.errors import ConfigError, LeaseLostError
+from tieredstore.errors import ArchiverRunningError, ConfigError, LeaseLostError
 from tieredstore.metadata import MetadataStore, QueueLease
 from tieredstore.metadata.engine import parse_url, sqlite_path
 
@@ -241,16 +241,19 @@ class SingleArchiverLock:
     crash is never refused.
     """
 
-    def __init__(self, database: Path) -> None:
+    def __init__(self, database: Path, *, action: str | None = None) -> None:
+        """``action``: what a command other than an archiver takes the lock for ("deleting a topic"), so
+        that a running archiver makes it refuse with a message about stopping it."""
         self.database = database
         self.path = database.with_name(database.name + ".archiver.lock")
+        self.action = action
         self._fd: int | None = None
 
     @classmethod
-    def for_url(cls, url: str) -> SingleArchiverLock | None:
+    def for_url(cls, url: str, *, action: str | None = None) -> SingleArchiverLock | None:
         """The lock for a SQLite file URL; None for PostgreSQL or an in-memory database (one process anyway)."""
         path = sqlite_path(parse_url(url))
-        return None if path is None else cls(path.resolve())
+        return None if path is None else cls(path.resolve(), action=action)
 
     def acquire(self) -> None:
         ensure_directory(self.path.parent, "the SQLite metadata database's directory")
@@ -260,6 +263,11 @@ class SingleArchiverLock:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
+            if self.action is not None:
+                raise ArchiverRunningError(
+                    f"an archiver (pid {holder}) is running on the SQLite metadata database {self.database}; "
+                    f"stop it (tieredstore run) before {self.action}"
+                ) from None
             raise ConfigError(
                 f"another archiver (pid {holder}) is already running on the SQLite metadata database "
                 f"{self.database}; SQLite mode is single-process: stop it, or use "

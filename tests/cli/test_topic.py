@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from tests.cli.helpers import Node
 from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.leases import SingleArchiverLock
 from tieredstore.metadata import MetadataStore, SegmentUpdate
 
 
@@ -67,3 +69,20 @@ def test_topic_delete_refuses_without_yes(node: Node) -> None:
     assert node("topic", "delete", TOPIC, "--yes").exit_code == 3
     assert node("topic", "set-retention", "Nope", "5").exit_code == 3
     assert node("topic", "set-retention", TOPIC, "0").exit_code == 2
+
+
+def test_topic_delete_and_retention_refuse_while_an_archiver_runs_on_sqlite(posix: Node) -> None:
+    """Both change cold storage under the archiver's open queues (it would write a deleted topic again):
+    with SQLite metadata they refuse, exit 7, naming the archiver, and change nothing."""
+    produce(posix, 0, 50)
+    archive(posix)
+    database = posix.data_dir / "metadata.db"
+    with SingleArchiverLock(database.resolve()):  # what a running `tieredstore run` holds
+        refused = posix("topic", "delete", TOPIC, "--yes")
+        assert refused.exit_code == 7
+        assert f"an archiver (pid {os.getpid()}) is running" in refused.stderr
+        assert "before deleting topic 'Orders'" in refused.stderr
+        assert posix("retention").exit_code == 7
+        assert posix("retention", "--dry-run").exit_code == 0, "a dry run changes nothing: it may run"
+    assert [row["topic"] for row in posix("topics", output="json").json()["rows"]] == [TOPIC]
+    assert posix("topic", "delete", TOPIC, "--yes").exit_code == 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 
 from tieredstore.cli.app import app, state
 from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, run, segment_rows
+from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ValidationError
+from tieredstore.leases import SingleArchiverLock
 from tieredstore.metadata import TopicStatus
 from tieredstore.retention import (
     HOUR_MS,
@@ -69,7 +73,21 @@ def delete(
             await runtime.flat.destroy_topic(topic)
             return {"topic": topic, "queues": len(queues), "deleted": True}
 
-    cli.output.record("deleted", run(go()))
+    with _no_archiver_running(cli.config, f"deleting topic {topic!r}"):
+        cli.output.record("deleted", run(go()))
+
+
+@contextlib.contextmanager
+def _no_archiver_running(config: TieredStoreConfig, action: str) -> Iterator[None]:
+    """Hold the archiver lock of a SQLite metadata database while changing cold storage: an archiver
+    running there makes the command refuse (its queues are open, and it would write them again), and
+    none can start meanwhile. PostgreSQL archivers hold per-queue leases instead; see README."""
+    lock = SingleArchiverLock.for_url(config.effective_metadata_url, action=action)
+    if lock is None:
+        yield
+        return
+    with lock:
+        yield
 
 
 def _rows(report: RetentionReport) -> list[dict[str, Any]]:
@@ -129,7 +147,11 @@ def retention(
         async with open_runtime(cli.config, hot=False, create_metadata=False) as runtime:
             return await apply_retention(runtime)
 
-    report = run(go())
+    if dry_run:
+        report = run(go())
+    else:
+        with _no_archiver_running(cli.config, "applying retention (it applies retention itself)"):
+            report = run(go())
     rows = _rows(report)
     if cli.output.is_json:
         cli.output.json(
