@@ -763,6 +763,18 @@ class MetadataStore:
             queues = session.scalar(select(func.count()).select_from(Queue))
             return Membership(now=now, live_archivers=int(live or 1), queues=int(queues or 0))
 
+    def live_archivers(self) -> list[str]:
+        """``owner (host pid N)`` of each archiver whose heartbeat has not expired (the scale-out mode's
+        members; an archiver on SQLite without leases holds a lock file instead)."""
+        with self._reading("list the running archivers") as session:
+            now = self._database_now_ms(session)
+            rows = session.execute(
+                select(Archiver.owner, Archiver.hostname, Archiver.pid)
+                .where(Archiver.heartbeat_expiry >= now)
+                .order_by(Archiver.owner)
+            )
+            return [f"{owner} ({hostname} pid {pid})" for owner, hostname, pid in rows]
+
     def remove_archiver(self, owner: str) -> None:
         """Forget ``owner`` (a clean shutdown): the others count one archiver less at once."""
         with self._writing("remove an archiver") as session:

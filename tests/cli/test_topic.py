@@ -86,3 +86,20 @@ def test_topic_delete_and_retention_refuse_while_an_archiver_runs_on_sqlite(posi
         assert posix("retention", "--dry-run").exit_code == 0, "a dry run changes nothing: it may run"
     assert [row["topic"] for row in posix("topics", output="json").json()["rows"]] == [TOPIC]
     assert posix("topic", "delete", TOPIC, "--yes").exit_code == 0
+
+
+def test_topic_delete_and_retention_refuse_while_an_archiver_heartbeats(node: Node) -> None:
+    """Scale-out archivers (PostgreSQL, leases) hold no lock file: a live heartbeat in metadata is what
+    says they run, and both commands refuse beside one, naming it."""
+    produce(node, 0, 30)
+    archive(node)
+    url = node.metadata_url or f"sqlite:///{node.data_dir / 'metadata.db'}"
+    with MetadataStore(url) as metadata:
+        metadata.heartbeat_archiver("archiver-b", hostname="host-b", pid=4242, ttl_ms=60_000)
+        refused = node("topic", "delete", TOPIC, "--yes")
+        assert refused.exit_code == 7
+        assert "1 archiver(s) running on this metadata database: archiver-b (host-b pid 4242)" in refused.stderr
+        assert node("retention").exit_code == 7
+        assert [row["topic"] for row in node("topics", output="json").json()["rows"]] == [TOPIC]
+        metadata.remove_archiver("archiver-b")  # its clean shutdown
+    assert node("topic", "delete", TOPIC, "--yes").exit_code == 0

@@ -13,9 +13,9 @@ import typer
 from tieredstore.cli.app import app, state
 from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, run, segment_rows
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import ValidationError
+from tieredstore.errors import ArchiverRunningError, ValidationError
 from tieredstore.leases import SingleArchiverLock
-from tieredstore.metadata import TopicStatus
+from tieredstore.metadata import MetadataStore, TopicStatus
 from tieredstore.retention import (
     HOUR_MS,
     QueueRetention,
@@ -67,6 +67,7 @@ def delete(
         raise ValidationError(f"deleting {topic!r} removes all of its archived messages for good; add --yes")
 
     async def go() -> dict[str, Any]:
+        await _refuse_beside_live_archivers(cli.config, f"deleting topic {topic!r}")
         async with open_runtime(cli.config, hot=False, recover=False, create_metadata=False) as runtime:
             await asyncio.to_thread(runtime.metadata.get_topic, topic)
             queues = await asyncio.to_thread(runtime.metadata.list_queues, topic)
@@ -75,6 +76,24 @@ def delete(
 
     with _no_archiver_running(cli.config, f"deleting topic {topic!r}"):
         cli.output.record("deleted", run(go()))
+
+
+async def _refuse_beside_live_archivers(config: TieredStoreConfig, action: str) -> None:
+    """The scale-out mode's check (PostgreSQL, leases): archivers whose heartbeat is live hold queues open.
+
+    Made before anything else is opened (retention's runtime recovers, and so writes, cold files).
+    """
+
+    def live_archivers() -> list[str]:
+        with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
+            return metadata.live_archivers()
+
+    live = await asyncio.to_thread(live_archivers)
+    if live:
+        raise ArchiverRunningError(
+            f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them before "
+            f"{action} (a stopped archiver's heartbeat expires within its lease duration)"
+        )
 
 
 @contextlib.contextmanager
@@ -144,6 +163,7 @@ def retention(
     async def go() -> RetentionReport:
         if dry_run:
             return await plan_retention(cli.config)
+        await _refuse_beside_live_archivers(cli.config, "applying retention (it applies retention itself)")
         async with open_runtime(cli.config, hot=False, create_metadata=False) as runtime:
             return await apply_retention(runtime)
 
