@@ -45,7 +45,8 @@ class StoreLockedError(ConfigError):
 
 
 class ArchiverRunningError(ConfigError):
-    """A command that changes cold storage found an archiver running on the same (SQLite) metadata."""
+    """A command that changes cold storage found an archiver running on the same metadata (its SQLite lock
+    file held, or a live heartbeat)."""
 
 
 class ValidationError(TieredStoreError, ValueError):

@@ -514,18 +514,24 @@ class ReadAheadCache:
         hint = self._last_found.get((topic, queue_id))
         for first in (hint, offset):
             if first is not None and first <= offset < spans.get(first, first):
-                entry = self._entries.get((topic, queue_id, first))
-                if entry is not None and entry[0].end_offset == spans[first]:
-                    self._last_found[(topic, queue_id)] = first
-                    return entry[0]
+                batch = self._current(topic, queue_id, first, spans[first])
+                if batch is not None:
+                    return batch
         for first, end in list(spans.items()):
             if first <= offset < end:
-                entry = self._entries.get((topic, queue_id, first))
-                if entry is not None and entry[0].end_offset == end:
-                    self._last_found[(topic, queue_id)] = first
-                    return entry[0]
+                batch = self._current(topic, queue_id, first, end)
+                if batch is not None:
+                    return batch
                 del spans[first]
         return None
+
+    def _current(self, topic: str, queue_id: int, first: int, end: int) -> ReadAheadBatch | None:
+        """The cached batch the span [first, end) was put for, if it is still held (remembered as found last)."""
+        entry = self._entries.get((topic, queue_id, first))
+        if entry is None or entry[0].end_offset != end:
+            return None
+        self._last_found[(topic, queue_id)] = first
+        return entry[0]
 
     def put(self, batch: ReadAheadBatch) -> None:
         """Keep ``batch`` (not when it alone is larger than the whole bound), evicting the least recently read."""

@@ -67,7 +67,6 @@ def delete(
         raise ValidationError(f"deleting {topic!r} removes all of its archived messages for good; add --yes")
 
     async def go() -> dict[str, Any]:
-        await _refuse_beside_live_archivers(cli.config, f"deleting topic {topic!r}")
         async with open_runtime(cli.config, hot=False, recover=False, create_metadata=False) as runtime:
             await asyncio.to_thread(runtime.metadata.get_topic, topic)
             queues = await asyncio.to_thread(runtime.metadata.list_queues, topic)
@@ -78,34 +77,25 @@ def delete(
         cli.output.record("deleted", run(go()))
 
 
-async def _refuse_beside_live_archivers(config: TieredStoreConfig, action: str) -> None:
-    """The scale-out mode's check (PostgreSQL, leases): archivers whose heartbeat is live hold queues open.
-
-    Made before anything else is opened (retention's runtime recovers, and so writes, cold files).
-    """
-
-    def live_archivers() -> list[str]:
-        with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
-            return metadata.live_archivers()
-
-    live = await asyncio.to_thread(live_archivers)
-    if live:
-        raise ArchiverRunningError(
-            f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them before "
-            f"{action} (a stopped archiver's heartbeat expires within its lease duration)"
-        )
-
-
 @contextlib.contextmanager
 def _no_archiver_running(config: TieredStoreConfig, action: str) -> Iterator[None]:
-    """Hold the archiver lock of a SQLite metadata database while changing cold storage: an archiver
-    running there makes the command refuse (its queues are open, and it would write them again), and
-    none can start meanwhile. PostgreSQL archivers hold per-queue leases instead; see README."""
-    lock = SingleArchiverLock.for_url(config.effective_metadata_url, action=action)
-    if lock is None:
-        yield
-        return
-    with lock:
+    """Refuse to change cold storage beside a running archiver (its queues are open; it would write them
+    again): with SQLite, hold its lock file meanwhile, so none can start either; with any database,
+    refuse while an archiver's heartbeat is live (scale-out archivers hold leases, not the lock).
+
+    Checked before anything else is opened (retention's runtime recovers, and so writes, cold files).
+    """
+    with contextlib.ExitStack() as stack:
+        lock = SingleArchiverLock.for_url(config.effective_metadata_url, action=action)
+        if lock is not None:
+            stack.enter_context(lock)
+        with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
+            live = metadata.live_archivers()
+        if live:
+            raise ArchiverRunningError(
+                f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them "
+                f"before {action} (a stopped archiver's heartbeat expires within its lease duration)"
+            )
         yield
 
 
@@ -163,7 +153,6 @@ def retention(
     async def go() -> RetentionReport:
         if dry_run:
             return await plan_retention(cli.config)
-        await _refuse_beside_live_archivers(cli.config, "applying retention (it applies retention itself)")
         async with open_runtime(cli.config, hot=False, create_metadata=False) as runtime:
             return await apply_retention(runtime)
 
