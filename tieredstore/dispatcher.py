@@ -55,6 +55,10 @@ log = structlog.get_logger(__name__)
 QueueKey = tuple[str, int]
 # A record can only carry keys if these bytes occur in it; the search is much cheaper than a decode.
 _KEY_MARKERS = (f"{PROPERTY_KEYS}\x01".encode(), f"{PROPERTY_UNIQ_KEY}\x01".encode())
+# Hot pages every queue has read are released after this much more was read, or this many seconds
+# (see Dispatcher._release_hot_pages).
+PAGE_RELEASE_BYTES = 32 << 20
+PAGE_RELEASE_INTERVAL = 1.0
 
 
 def wall_clock_ms() -> int:
@@ -71,6 +75,10 @@ class HotView:
     oldest_pending_ms: int | None
 
 
+# A queue's view before the first scan looked at it.
+UNSEEN = HotView(0, 0, None)
+
+
 @dataclass(slots=True)
 class _QueueState:
     topic: str
@@ -78,7 +86,7 @@ class _QueueState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flat_file: FlatMessageFile | None = None
     topic_id: int | None = None
-    hot: HotView = HotView(0, 0, None)
+    hot: HotView = UNSEEN
     # Index entries of buffered messages: put after the consume queue commits, dropped once recorded.
     unrecorded_entries: list[IndexEntry] = field(default_factory=list)
     unrecorded_messages: int = 0
@@ -89,6 +97,8 @@ class _QueueState:
     blocked_gap: tuple[int, int] | None = None
     # The hot store holds fewer offsets than are archived (it was replaced or lost its files): said once.
     hot_behind: bool = False
+    # Where the last batch read ended in the hot commit log: the queue's next record lies at or after it.
+    hot_position: int | None = None
 
     @property
     def archived_offset(self) -> int:
@@ -192,6 +202,10 @@ class Dispatcher:
         self.clock_ms = clock_ms
         self.stats = DispatchStats()
         self._queues: dict[QueueKey, _QueueState] = {}
+        # The furthest any batch read reached in the hot commit log, and when pages were last released.
+        self._hot_read_end = 0
+        self._pages_released_at = 0.0
+        self._read_end_at_release = 0
         self._commit_slots = asyncio.Semaphore(self.settings.max_pending_commits)
         self._tasks: dict[QueueKey, asyncio.Task[None]] = {}
         self._stopping = False
@@ -332,6 +346,7 @@ class Dispatcher:
             await asyncio.gather(
                 *(self._drain(s, until=targets[(s.topic, s.queue_id)]) for s in ready if s.flat_file is not None)
             )
+        await self._release_hot_pages(force=True)
         await self._maintain_index()
         return OnceResult(self.stats, failed)
 
@@ -557,6 +572,10 @@ class Dispatcher:
             return await self._skip_lost_range(state, start, batch.hot.min_offset)
         if batch.records is None or not len(batch.records):
             return False
+        last = batch.records.units[-1]
+        state.hot_position = int(last["commitlog_offset"]) + int(last["size"])
+        self._hot_read_end = max(self._hot_read_end, state.hot_position)
+        await self._release_hot_pages()
         buffered = await self._buffer(state, batch.records, batch.entries, start)
         # The hot copies are not needed once buffered: only the cold queue's buffers stay while it commits.
         del batch
@@ -582,6 +601,44 @@ class Dispatcher:
         state.unrecorded_bytes += int(sizes.sum())
         state.unrecorded_entries.extend(entries)
         return True
+
+    async def _release_hot_pages(self, *, force: bool = False) -> None:
+        """Now and then (or now, when forced), unmap the hot commit log below every queue's next unread record.
+
+        The archiver reads each hot record once, through a mapping: without this, every page of the hot
+        store it ever read would stay in its RSS until retention deletes the file (a follower's whole hot
+        store, gigabytes). Only advisory: a page released too early is mapped again when read.
+        """
+        now = time.monotonic()
+        if (
+            not force
+            and self._hot_read_end - self._read_end_at_release < PAGE_RELEASE_BYTES
+            and now - self._pages_released_at < PAGE_RELEASE_INTERVAL
+        ):
+            return
+        states = list(self._queues.values())
+        if any(state.flat_file is None or state.hot is UNSEEN for state in states):
+            return  # a queue being opened, or not looked at yet: where it reads next is not known
+        self._pages_released_at, self._read_end_at_release = now, self._hot_read_end
+        unread = [
+            (state.topic, state.queue_id, state.append_offset, state.hot_position)
+            for state in states
+            if state.append_offset < state.hot.max_offset
+        ]
+        await asyncio.to_thread(self._release_below, unread, self._hot_read_end)
+
+    def _release_below(self, unread: list[tuple[str, int, int, int | None]], read_end: int) -> None:
+        bound = read_end
+        for topic, queue_id, offset, position in unread:
+            if position is None:  # not read since it was opened: where its next record is
+                try:
+                    position = self.hot.cq_unit(topic, queue_id, offset).commitlog_offset
+                except (TieredStoreError, OSError):
+                    continue  # not in the hot store (a lost range): it reads nothing below the bound
+            bound = min(bound, position)
+        released = self.hot.release_pages(bound)
+        if released:
+            log.debug("hot pages released", below=bound, bytes=released)
 
     def _read_batch(self, state: _QueueState, start: int) -> _Batch:
         topic, queue_id = state.topic, state.queue_id

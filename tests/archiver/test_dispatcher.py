@@ -11,11 +11,16 @@ import pytest
 import structlog
 
 from tests.archiver.helpers import Archive, PathFaultProvider
+from tests.local.conftest import mapped_rss
+from tieredstore import dispatcher as dispatcher_module
 from tieredstore.errors import CorruptRecordError, StorageError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.message import decode
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
+from tieredstore.local import follower as follower_module
+from tieredstore.local.batch import HotBatch
+from tieredstore.local.follower import HotStoreFollower
 from tieredstore.providers.testing import FaultPlan, FaultyProvider
 
 ALWAYS = 10**9
@@ -59,6 +64,54 @@ async def test_a_message_larger_than_the_batch_size_is_archived_alone(archive: A
     # two small ones, the big one by itself, then the last two
     assert dispatcher.stats.commits == 3
     assert await archive.check("Big", 0) == []
+
+
+async def test_the_archiver_leaves_no_hot_page_mapped_that_it_has_archived(archive: Archive) -> None:
+    """The archiver reads each hot record once, through a mapping; what every queue has read is unmapped
+    again, so its RSS does not keep the hot store it archived (here the writer's own puts mapped it)."""
+    for n in range(800):  # 4 queues interleaved: every commit-log page holds records of each
+        for queue_id in range(4):
+            archive.hot.put_message("Paged", queue_id, bytes([n % 251]) * 4000)
+    archive.hot.flush()  # a writer releases flushed pages only
+    commit_log = archive.root / "hot" / "commitlog"
+    assert mapped_rss(commit_log) >= 12 << 20
+    dispatcher = archive.dispatcher(group_commit_count=64, group_commit_timeout=0)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=30)
+    assert result.failed == {}
+    assert [archive.archived("Paged", queue_id) for queue_id in range(4)] == [800] * 4
+    assert mapped_rss(commit_log) <= 1 << 20
+    for queue_id in range(4):  # unmapped is not gone: the hot copies still check out against the archive
+        assert await archive.check("Paged", queue_id) == []
+
+
+async def test_a_following_archiver_maps_only_a_window_of_the_hot_store_while_it_archives(
+    archive: Archive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a producer (a follower), the archiver's mapped hot pages stay a window behind its reads
+    instead of growing with the hot store: its peak RSS does not depend on how much it archives."""
+    monkeypatch.setattr(dispatcher_module, "PAGE_RELEASE_BYTES", 256 << 10)
+    monkeypatch.setattr(follower_module, "GROW_RELEASE_BYTES", 256 << 10)
+    archive.put("Paged", 0, 3000, size=4000)
+    archive.hot.close()
+    commit_log = archive.root / "hot" / "commitlog"
+    archive.hot = HotStoreFollower(archive.root / "hot", config=archive.hot.config)
+    peak = 0
+    read_batch = archive.hot.read_batch
+
+    def measured_read_batch(*args: Any, **kwargs: Any) -> HotBatch:
+        nonlocal peak
+        batch = read_batch(*args, **kwargs)
+        peak = max(peak, mapped_rss(commit_log))
+        return batch
+
+    monkeypatch.setattr(archive.hot, "read_batch", measured_read_batch)
+    dispatcher = archive.dispatcher(group_commit_count=64, group_commit_timeout=0)
+    result = await asyncio.wait_for(dispatcher.run_once(), timeout=30)
+    assert result.failed == {}
+    assert archive.archived("Paged", 0) == 3000
+    assert sum(path.stat().st_size for path in commit_log.iterdir()) >= 12 << 20
+    assert 0 < peak <= 2 << 20
+    assert await archive.check("Paged", 0) == []
 
 
 async def test_concurrency_across_queues_is_bounded(archive: Archive) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
@@ -19,6 +21,20 @@ def small_config(**overrides: object) -> LocalStoreConfig:
     }
     settings.update(overrides)
     return LocalStoreConfig(**settings)  # type: ignore[arg-type]
+
+
+def mapped_rss(directory: Path) -> int:
+    """Bytes of this process's RSS in mappings of files under ``directory`` (Linux: /proc/self/smaps)."""
+    total, inside = 0, False
+    prefix = f"{directory.resolve()}/"
+    with open("/proc/self/smaps", encoding="utf-8") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if fields and not fields[0].endswith(":"):  # a mapping's header line: range perms offset dev inode [path]
+                inside = len(fields) > 5 and fields[5].startswith(prefix)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
 
 
 def abandon(store: LocalMessageStore) -> None:

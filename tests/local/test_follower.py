@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.message import decode
 from tieredstore.local import LocalMessageStore, PutRequest
+from tieredstore.local import follower as follower_module
 from tieredstore.local.follower import HotStoreFollower, writer_lock_held
 
-from .conftest import abandon, small_config
+from .conftest import abandon, mapped_rss, small_config
 
 HOUR_MS = 3_600_000
 
@@ -328,3 +329,24 @@ def test_follower_sees_a_writer_recovery_replace_consume_queue_files(tmp_path: P
             assert follower.max_offset("a", 0) == 60
             bodies = [decode(m.raw).body for m in follower.read_messages("a", 0, 0, max_count=100)]
             assert bodies == [f"m{n}".encode() for n in range(60)]
+
+
+def test_a_new_follower_does_not_keep_the_whole_hot_store_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Following a queue checks each of its records through the mapping; the pages it moved past are
+    unmapped again as it goes, or a follower's RSS would start at the size of the hot store."""
+    monkeypatch.setattr(follower_module, "GROW_RELEASE_BYTES", 256 << 10)
+    config = small_config(commit_log_file_size=1 << 20, consume_queue_units_per_file=500)
+    body = os.urandom(4000)
+    with LocalMessageStore(tmp_path, config=config) as store:
+        for _ in range(800):  # 4 queues interleaved: every commit-log page holds records of each
+            store.put_messages(PutRequest("big", queue_id, body) for queue_id in range(4))
+    log_bytes = sum(path.stat().st_size for path in (tmp_path / "commitlog").iterdir())
+    assert log_bytes >= 12 << 20
+    with HotStoreFollower(tmp_path, config=config) as follower:
+        assert [follower.max_offset("big", queue_id) for queue_id in range(4)] == [800] * 4
+        assert mapped_rss(tmp_path / "commitlog") <= 2 << 20
+        # Unmapped is not gone: every record reads back whole.
+        messages = follower.read_messages("big", 2, 0, 1000, 1 << 30)
+        assert [decode(m.raw).body for m in messages] == [body] * 800

@@ -269,6 +269,15 @@ class CommitLog:
         self._refresh_tail()
         return cleared, removed
 
+    def release_pages_below(self, offset: int) -> int:
+        """Unmap this process's pages of the files below ``offset`` (see ``MappedFile.release_below``)."""
+        released = 0
+        for file in list(self.files):
+            if file.start_offset >= offset:
+                break
+            released += file.release_below(min(offset, file.end_offset) - file.start_offset)
+        return released
+
     def delete_first_file(self) -> MappedFile:
         file = self.files.pop(0)
         file.delete()

@@ -70,6 +70,7 @@ from tieredstore.local.batch import (
 )
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
+from tieredstore.local.mapped_file import release_mapped_pages
 from tieredstore.local.queue import list_offset_files
 from tieredstore.local.store import (
     Boundary,
@@ -93,6 +94,8 @@ _BYTE = struct.Struct(">b")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 DEFAULT_REFRESH_INTERVAL = 0.2
+# A queue's check of new units that spanned this much of the commit log unmaps those pages afterwards.
+GROW_RELEASE_BYTES = 64 << 20
 
 
 def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
@@ -117,7 +120,7 @@ def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
 class _Mapping:
     """One store file mapped read-only, with the identity (device, inode, size) it had when mapped."""
 
-    __slots__ = ("buffer", "identity", "path", "size", "start_offset")
+    __slots__ = ("buffer", "identity", "path", "released_upto", "size", "start_offset")
 
     def __init__(self, path: Path, start_offset: int, buffer: mmap.mmap, identity: tuple[int, int, int]) -> None:
         self.path = path
@@ -125,6 +128,7 @@ class _Mapping:
         self.buffer = buffer
         self.identity = identity
         self.size = identity[2]
+        self.released_upto = 0  # bytes from the file start whose pages release_below unmapped
 
     @classmethod
     def open(cls, path: Path, start_offset: int) -> _Mapping | None:
@@ -153,6 +157,14 @@ class _Mapping:
         except FileNotFoundError:
             return False
         return (stat.st_dev, stat.st_ino, stat.st_size) == self.identity
+
+    def release_below(self, position: int) -> int:
+        """Unmap this process's pages below ``position`` not released before; the bytes released."""
+        if position <= self.released_upto:
+            return 0
+        released = release_mapped_pages(self.buffer, self.released_upto, position)
+        self.released_upto = position
+        return released
 
     def close(self) -> None:
         self.buffer.close()
@@ -216,6 +228,21 @@ class _FollowedLog:
             return None
         local = offset - file.start_offset
         return file.buffer[local : local + size]
+
+    def release_range(self, begin: int, end: int) -> None:
+        """Unmap this process's pages of ``[begin, end)``, whatever was released before."""
+        for file in self.files:
+            if file.end_offset > begin and file.start_offset < end:
+                local = max(begin, file.start_offset) - file.start_offset
+                release_mapped_pages(file.buffer, local, min(end, file.end_offset) - file.start_offset)
+
+    def release_pages_below(self, offset: int) -> int:
+        released = 0
+        for file in self.files:
+            if file.start_offset >= offset:
+                break
+            released += file.release_below(min(offset, file.end_offset) - file.start_offset)
+        return released
 
     def holder_replaced(self, offset: int) -> bool:
         """Whether the file mapped for ``offset`` is missing or no longer the one on disk."""
@@ -448,8 +475,14 @@ class HotStoreFollower(LocalMessageStore):
         return queue
 
     def _grow(self, queue: _FollowedQueue) -> None:
-        """Extend the queue over every new unit whose record checks out; stop at the first that does not."""
+        """Extend the queue over every new unit whose record checks out; stop at the first that does not.
+
+        Checking reads each record through the mapping. Every GROW_RELEASE_BYTES of commit log a check
+        moves through (a queue first followed, or long unread), the pages behind it are unmapped again:
+        a new follower would otherwise hold the whole hot store in its RSS from its first look.
+        """
         retried = False
+        checked_from: int | None = None  # where in the commit log this call's checks started
         while True:
             offset = queue.max_offset
             unit = queue.raw_unit(offset)
@@ -474,6 +507,11 @@ class HotStoreFollower(LocalMessageStore):
                 return
             queue.max_offset = offset + 1
             retried = False
+            if checked_from is None:
+                checked_from = unit[0]
+            elif unit[0] - checked_from >= GROW_RELEASE_BYTES:
+                self._log.release_range(checked_from, unit[0])
+                checked_from = unit[0]
 
     # ---- the read API --------------------------------------------------------------------------------
 
@@ -517,6 +555,11 @@ class HotStoreFollower(LocalMessageStore):
     def commitlog_flushed_offset(self) -> int:
         """Unknown to a follower: it reads the page cache, durable or not (0)."""
         return 0
+
+    def release_pages(self, below: int) -> int:
+        """Unmap this process's pages of the commit log below ``below`` (see LocalMessageStore's)."""
+        with self._lock:
+            return self._log.release_pages_below(below)
 
     def _checked_unit(self, queue: _FollowedQueue, queue_offset: int) -> ConsumeQueueUnit:
         if not queue.min_offset <= queue_offset < queue.max_offset:

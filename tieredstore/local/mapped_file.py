@@ -33,6 +33,26 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def release_mapped_pages(buffer: mmap.mmap, begin: int, end: int) -> int:
+    """Unmap from this process the pages of a shared file mapping that hold ``[begin, end)``.
+
+    The bytes stay in the file and the page cache (dirty pages are written back as usual) and a later
+    read maps them again: this only stops them counting in this process's RSS. Returns the bytes
+    released: 0 on a platform without MADV_DONTNEED or when the mapping was closed meanwhile.
+    """
+    if _MADV_DONTNEED is None:
+        return 0
+    begin -= begin % mmap.PAGESIZE
+    try:
+        end = min(end, len(buffer))
+        if end <= begin:
+            return 0
+        buffer.madvise(_MADV_DONTNEED, begin, end - begin)
+    except ValueError:  # closed by retention or a relist in another thread: nothing mapped to release
+        return 0
+    return end - begin
+
+
 def _all_zeros(fd: int, length: int) -> bool:
     """Whether the first ``length`` bytes of ``fd`` are all zero."""
     chunk = len(_ZERO_CHUNK)
@@ -67,6 +87,8 @@ class MappedFile:
             raise
         # Unknown for an existing file: reserve again from wherever the writer resumes.
         self._allocated_upto = 0
+        # Bytes from the file start whose pages ``release_below`` has unmapped already.
+        self._released_upto = 0
 
     @classmethod
     def create_or_resume(cls, path: Path, start_offset: int, size: int) -> MappedFile:
@@ -156,10 +178,16 @@ class MappedFile:
         They stay in the page cache (dirty ones are written back as usual) and a read maps them
         again, but a bulk writer (a restore of gigabytes) does not keep them in its own RSS.
         """
-        if _MADV_DONTNEED is None or length <= 0:
-            return
-        begin = position - position % mmap.PAGESIZE
-        self._map.madvise(_MADV_DONTNEED, begin, min(self.size, position + length) - begin)
+        release_mapped_pages(self._map, position, position + length)
+
+    def release_below(self, position: int) -> int:
+        """``release_pages`` of everything below ``position`` not released by this call before (a reader
+        done with those bytes); returns the bytes newly released."""
+        if position <= self._released_upto:
+            return 0
+        released = release_mapped_pages(self._map, self._released_upto, position)
+        self._released_upto = position
+        return released
 
     def grow(self, size: int) -> None:
         """Extend the file to ``size`` bytes (zeros) and map it again."""
@@ -169,7 +197,7 @@ class MappedFile:
         os.ftruncate(self._fd, size)
         self.size = size
         self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE)
-        self._allocated_upto = 0
+        self._allocated_upto = self._released_upto = 0
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes in ``[start, end)`` (whole file by default) durable.

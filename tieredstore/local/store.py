@@ -1077,6 +1077,17 @@ class LocalMessageStore:
     def commitlog_flushed_offset(self) -> int:
         return self._commit_log.flushed_offset
 
+    def release_pages(self, below: int) -> int:
+        """Unmap this process's pages of the commit log below ``below``: a reader that is done with
+        those bytes (the archiver, below every queue's next unread record) tells the kernel so.
+
+        The bytes stay on disk and in the page cache, and a later read maps them again; without this a
+        process that reads the whole hot store once keeps every page of it in its RSS (as mapped file
+        pages) until the files are deleted. Only flushed bytes are released here. Returns the bytes
+        newly released.
+        """
+        return self._commit_log.release_pages_below(min(below, self._commit_log.flushed_offset))
+
     def _existing_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         validate_topic(topic)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
