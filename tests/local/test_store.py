@@ -14,8 +14,9 @@ from tieredstore.errors import ConfigError, NotFoundError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit, iter_units
 from tieredstore.formats.message import MAGIC_BLANK, decode, iter_records, tag_hash
 from tieredstore.local import LocalMessageStore, LocalStoreConfig, PutRequest
+from tieredstore.local import commit_log as commit_log_module
 
-from .conftest import small_config
+from .conftest import mapped_rss, small_config
 
 
 def test_put_then_read_back_every_field(tmp_path: Path, config: LocalStoreConfig) -> None:
@@ -220,3 +221,20 @@ def test_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="store_host"):
         LocalStoreConfig(store_host="nohost")
     assert str(LocalStoreConfig(store_host="[::1]:9876").store_host_address) == "[::1]:9876"
+
+
+def test_a_writer_keeps_only_its_recent_flushed_pages_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put writes through the mapping, so every page written would stay in the producer's RSS until
+    retention deletes the file; flushed pages older than the window are unmapped instead."""
+    monkeypatch.setattr(commit_log_module, "WRITER_MAPPED_WINDOW", 1 << 20)
+    monkeypatch.setattr(commit_log_module, "WRITER_RELEASE_STEP", 256 << 10)
+    config = small_config(commit_log_file_size=1 << 20, consume_queue_units_per_file=1000)
+    body = os.urandom(4000)
+    with LocalMessageStore(tmp_path, config=config) as store:
+        for _ in range(30):
+            store.put_messages([PutRequest("recent", 0, body) for _ in range(100)])
+            store.flush()
+        assert sum(path.stat().st_size for path in (tmp_path / "commitlog").iterdir()) >= 12 << 20
+        assert mapped_rss(tmp_path / "commitlog") <= 2 << 20
+        # Unmapped is not gone: every message reads back whole, old and new.
+        assert [decode(m.raw).body for m in store.read_messages("recent", 0, 0, 5000, 1 << 30)] == [body] * 3000

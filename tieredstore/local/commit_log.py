@@ -23,6 +23,10 @@ from tieredstore.local.mapped_file import MappedFile, fsync_directory
 from tieredstore.local.queue import list_offset_files
 
 END_FILE_MIN_BLANK_LENGTH = BLANK_HEADER.size
+# A writer keeps its last this-many flushed bytes mapped (readers of recent messages find them there)
+# and unmaps what is older, in steps of WRITER_RELEASE_STEP: see CommitLog.flush.
+WRITER_MAPPED_WINDOW = 128 << 20
+WRITER_RELEASE_STEP = 4 << 20
 # From this many records a batch is laid out with numpy, a file at a time, instead of record by record.
 _VECTOR_PLAN_FROM = 64
 # The tail buffer when there is no writable last file: empty and read-only, so any write to it raises.
@@ -58,6 +62,8 @@ class CommitLog:
         self.flushed_offset = 0
         # Logical offset below which every byte has a file and reserved disk blocks: puts below it skip prepare().
         self._reserved_upto = 0
+        # Below this, flush has unmapped the writer's pages (see flush).
+        self._released_below = 0
         # The last file, for appends that need no planning: a record may go at any offset in
         # [tail_start, tail_limit - size] straight into tail_buffer, leaving room for a blank header.
         # Without a last file the buffer is empty and read-only, so a write that skipped the limit check fails loudly.
@@ -210,6 +216,11 @@ class CommitLog:
             if file.end_offset > start and file.start_offset < upto:
                 file.flush(max(0, start - file.start_offset), upto - file.start_offset)
         self.flushed_offset = upto
+        # Every page a put wrote stays mapped until something unmaps it: without this a producer's RSS
+        # grows to the size of its hot store. Flushed pages are clean; a later read maps them again.
+        if self.writable and upto - WRITER_MAPPED_WINDOW >= self._released_below + WRITER_RELEASE_STEP:
+            self._released_below = upto - WRITER_MAPPED_WINDOW
+            self.release_pages_below(self._released_below)
 
     def scan(self, start: int) -> Iterator[tuple[int, int, MessageRecord] | ScanStop]:
         """Validate records from ``start``: yields (offset, size, record) for each, then one ScanStop."""
@@ -270,12 +281,19 @@ class CommitLog:
         return cleared, removed
 
     def release_pages_below(self, offset: int) -> int:
-        """Unmap this process's pages of the files below ``offset`` (see ``MappedFile.release_below``)."""
+        """Unmap this process's pages of the files below ``offset`` (see ``MappedFile.release_below``).
+
+        Every call releases everything below its offset, so from the last file below it back, the
+        first file already released that far ends the walk: the cost does not grow with the file count.
+        """
         released = 0
-        for file in list(self.files):
+        for file in reversed(list(self.files)):
             if file.start_offset >= offset:
+                continue
+            end = min(offset, file.end_offset) - file.start_offset
+            if file.released_upto >= end:
                 break
-            released += file.release_below(min(offset, file.end_offset) - file.start_offset)
+            released += file.release_below(end)
         return released
 
     def delete_first_file(self) -> MappedFile:

@@ -180,6 +180,11 @@ class MappedFile:
         """
         release_mapped_pages(self._map, position, position + length)
 
+    @property
+    def released_upto(self) -> int:
+        """Bytes from the file start that ``release_below`` unmapped already."""
+        return self._released_upto
+
     def release_below(self, position: int) -> int:
         """``release_pages`` of everything below ``position`` not released by this call before (a reader
         done with those bytes); returns the bytes newly released."""
