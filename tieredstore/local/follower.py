@@ -94,7 +94,7 @@ _BYTE = struct.Struct(">b")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 DEFAULT_REFRESH_INTERVAL = 0.2
-# A queue's check of new units that spanned this much of the commit log unmaps those pages afterwards.
+# A queue's check of new units unmaps the pages behind it each time it has moved this far (see _grow).
 GROW_RELEASE_BYTES = 64 << 20
 
 
