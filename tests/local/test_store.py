@@ -228,6 +228,7 @@ def test_a_writer_keeps_only_its_recent_flushed_pages_mapped(tmp_path: Path, mon
     retention deletes the file; flushed pages older than the window are unmapped instead."""
     monkeypatch.setattr(commit_log_module, "WRITER_MAPPED_WINDOW", 1 << 20)
     monkeypatch.setattr(commit_log_module, "WRITER_RELEASE_STEP", 256 << 10)
+    monkeypatch.setattr(commit_log_module, "WRITER_SWEEP_STEPS", 4)
     config = small_config(commit_log_file_size=1 << 20, consume_queue_units_per_file=1000)
     body = os.urandom(4000)
     with LocalMessageStore(tmp_path, config=config) as store:
@@ -238,3 +239,9 @@ def test_a_writer_keeps_only_its_recent_flushed_pages_mapped(tmp_path: Path, mon
         assert mapped_rss(tmp_path / "commitlog") <= 2 << 20
         # Unmapped is not gone: every message reads back whole, old and new.
         assert [decode(m.raw).body for m in store.read_messages("recent", 0, 0, 5000, 1 << 30)] == [body] * 3000
+        # That read (a consumer catching up) mapped the old pages again; a later sweep unmaps them too.
+        assert mapped_rss(tmp_path / "commitlog") >= 10 << 20
+        for _ in range(4):
+            store.put_messages([PutRequest("recent", 0, body) for _ in range(100)])
+            store.flush()
+        assert mapped_rss(tmp_path / "commitlog") <= 2 << 20

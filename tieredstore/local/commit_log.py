@@ -27,6 +27,9 @@ END_FILE_MIN_BLANK_LENGTH = BLANK_HEADER.size
 # and unmaps what is older, in steps of WRITER_RELEASE_STEP: see CommitLog.flush.
 WRITER_MAPPED_WINDOW = 128 << 20
 WRITER_RELEASE_STEP = 4 << 20
+# Every this many steps the release sweeps every older file whole: pages readers mapped again there
+# (a consumer catching up through old hot data) go too.
+WRITER_SWEEP_STEPS = 64
 # From this many records a batch is laid out with numpy, a file at a time, instead of record by record.
 _VECTOR_PLAN_FROM = 64
 # The tail buffer when there is no writable last file: empty and read-only, so any write to it raises.
@@ -62,8 +65,9 @@ class CommitLog:
         self.flushed_offset = 0
         # Logical offset below which every byte has a file and reserved disk blocks: puts below it skip prepare().
         self._reserved_upto = 0
-        # Below this, flush has unmapped the writer's pages (see flush).
+        # Below this, flush has unmapped the writer's pages, in this many steps (see flush).
         self._released_below = 0
+        self._release_steps = 0
         # The last file, for appends that need no planning: a record may go at any offset in
         # [tail_start, tail_limit - size] straight into tail_buffer, leaving room for a blank header.
         # Without a last file the buffer is empty and read-only, so a write that skipped the limit check fails loudly.
@@ -220,7 +224,8 @@ class CommitLog:
         # grows to the size of its hot store. Flushed pages are clean; a later read maps them again.
         if self.writable and upto - WRITER_MAPPED_WINDOW >= self._released_below + WRITER_RELEASE_STEP:
             self._released_below = upto - WRITER_MAPPED_WINDOW
-            self.release_pages_below(self._released_below)
+            self._release_steps += 1
+            self.release_pages_below(self._released_below, sweep=self._release_steps % WRITER_SWEEP_STEPS == 0)
 
     def scan(self, start: int) -> Iterator[tuple[int, int, MessageRecord] | ScanStop]:
         """Validate records from ``start``: yields (offset, size, record) for each, then one ScanStop."""
@@ -280,20 +285,24 @@ class CommitLog:
         self._refresh_tail()
         return cleared, removed
 
-    def release_pages_below(self, offset: int) -> int:
+    def release_pages_below(self, offset: int, *, sweep: bool = False) -> int:
         """Unmap this process's pages of the files below ``offset`` (see ``MappedFile.release_below``).
 
         Every call releases everything below its offset, so from the last file below it back, the
         first file already released that far ends the walk: the cost does not grow with the file count.
+        ``sweep`` walks every file and releases it from its start, pages mapped again since included.
         """
         released = 0
         for file in reversed(list(self.files)):
             if file.start_offset >= offset:
                 continue
             end = min(offset, file.end_offset) - file.start_offset
-            if file.released_upto >= end:
+            if sweep:
+                released += file.release_below(end, from_start=True)
+            elif file.released_upto >= end:
                 break
-            released += file.release_below(end)
+            else:
+                released += file.release_below(end)
         return released
 
     def delete_first_file(self) -> MappedFile:

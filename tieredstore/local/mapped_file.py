@@ -185,13 +185,14 @@ class MappedFile:
         """Bytes from the file start that ``release_below`` unmapped already."""
         return self._released_upto
 
-    def release_below(self, position: int) -> int:
+    def release_below(self, position: int, *, from_start: bool = False) -> int:
         """``release_pages`` of everything below ``position`` not released by this call before (a reader
-        done with those bytes); returns the bytes newly released."""
-        if position <= self._released_upto:
+        done with those bytes), or from the file's start; returns the bytes released."""
+        begin = 0 if from_start else self._released_upto
+        if position <= begin:
             return 0
-        released = release_mapped_pages(self._map, self._released_upto, position)
-        self._released_upto = position
+        released = release_mapped_pages(self._map, begin, position)
+        self._released_upto = max(self._released_upto, position)
         return released
 
     def grow(self, size: int) -> None:
