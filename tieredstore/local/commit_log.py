@@ -19,7 +19,7 @@ import numpy.typing as npt
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.message import BLANK_HEADER, MAGIC_BLANK, MessageRecord, decode
 from tieredstore.formats.naming import hot_file_name
-from tieredstore.local.mapped_file import MappedFile, fsync_directory
+from tieredstore.local.mapped_file import MappedFile, fsync_directory, release_files_below
 from tieredstore.local.queue import list_offset_files
 
 END_FILE_MIN_BLANK_LENGTH = BLANK_HEADER.size
@@ -286,24 +286,8 @@ class CommitLog:
         return cleared, removed
 
     def release_pages_below(self, offset: int, *, sweep: bool = False) -> int:
-        """Unmap this process's pages of the files below ``offset`` (see ``MappedFile.release_below``).
-
-        Every call releases everything below its offset, so from the last file below it back, the
-        first file already released that far ends the walk: the cost does not grow with the file count.
-        ``sweep`` walks every file and releases it from its start, pages mapped again since included.
-        """
-        released = 0
-        for file in reversed(list(self.files)):
-            if file.start_offset >= offset:
-                continue
-            end = min(offset, file.end_offset) - file.start_offset
-            if sweep:
-                released += file.release_below(end, from_start=True)
-            elif file.released_upto >= end:
-                break
-            else:
-                released += file.release_below(end)
-        return released
+        """Unmap this process's pages of the files below ``offset`` (see ``release_files_below``)."""
+        return release_files_below(list(self.files), offset, sweep=sweep)
 
     def delete_first_file(self) -> MappedFile:
         file = self.files.pop(0)

@@ -70,7 +70,7 @@ from tieredstore.local.batch import (
 )
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
-from tieredstore.local.mapped_file import release_mapped_pages
+from tieredstore.local.mapped_file import release_files_below, release_mapped_pages
 from tieredstore.local.queue import list_offset_files
 from tieredstore.local.store import (
     Boundary,
@@ -128,7 +128,7 @@ class _Mapping:
         self.buffer = buffer
         self.identity = identity
         self.size = identity[2]
-        self.released_upto = 0  # bytes from the file start whose pages release_below unmapped
+        self.released_upto = 0  # bytes from the file start whose pages release_files_below unmapped
 
     @classmethod
     def open(cls, path: Path, start_offset: int) -> _Mapping | None:
@@ -157,14 +157,6 @@ class _Mapping:
         except FileNotFoundError:
             return False
         return (stat.st_dev, stat.st_ino, stat.st_size) == self.identity
-
-    def release_below(self, position: int) -> int:
-        """Unmap this process's pages below ``position`` not released before; the bytes released."""
-        if position <= self.released_upto:
-            return 0
-        released = release_mapped_pages(self.buffer, self.released_upto, position)
-        self.released_upto = position
-        return released
 
     def close(self) -> None:
         self.buffer.close()
@@ -237,12 +229,7 @@ class _FollowedLog:
                 release_mapped_pages(file.buffer, local, min(end, file.end_offset) - file.start_offset)
 
     def release_pages_below(self, offset: int) -> int:
-        released = 0
-        for file in self.files:
-            if file.start_offset >= offset:
-                break
-            released += file.release_below(min(offset, file.end_offset) - file.start_offset)
-        return released
+        return release_files_below(self.files, offset)
 
     def holder_replaced(self, offset: int) -> bool:
         """Whether the file mapped for ``offset`` is missing or no longer the one on disk."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -53,6 +55,42 @@ def release_mapped_pages(buffer: mmap.mmap, begin: int, end: int) -> int:
     return end - begin
 
 
+class ReleasableFile(Protocol):
+    """A mapped store file as ``release_files_below`` needs it; ``released_upto`` is its own mark."""
+
+    start_offset: int
+    released_upto: int  # bytes from the file start whose pages were unmapped already
+
+    @property
+    def end_offset(self) -> int: ...
+
+    @property
+    def buffer(self) -> mmap.mmap: ...
+
+
+def release_files_below(files: Sequence[ReleasableFile], offset: int, *, sweep: bool = False) -> int:
+    """Unmap this process's pages of the ``files`` (in offset order) below logical ``offset``, each from
+    where the last call left it; returns the bytes released.
+
+    Every call releases everything below its offset, so from the last file below it back, the first
+    file already released that far ends the walk: the cost does not grow with the file count.
+    ``sweep`` walks every file and releases it from its start, pages mapped again since included.
+    """
+    released = 0
+    for file in reversed(files):
+        if file.start_offset >= offset:
+            continue
+        end = min(offset, file.end_offset) - file.start_offset
+        begin = 0 if sweep else file.released_upto
+        if end <= begin:
+            if sweep:
+                continue
+            break
+        released += release_mapped_pages(file.buffer, begin, end)
+        file.released_upto = max(file.released_upto, end)
+    return released
+
+
 def _all_zeros(fd: int, length: int) -> bool:
     """Whether the first ``length`` bytes of ``fd`` are all zero."""
     chunk = len(_ZERO_CHUNK)
@@ -87,8 +125,8 @@ class MappedFile:
             raise
         # Unknown for an existing file: reserve again from wherever the writer resumes.
         self._allocated_upto = 0
-        # Bytes from the file start whose pages ``release_below`` has unmapped already.
-        self._released_upto = 0
+        # Bytes from the file start whose pages ``release_files_below`` unmapped already.
+        self.released_upto = 0
 
     @classmethod
     def create_or_resume(cls, path: Path, start_offset: int, size: int) -> MappedFile:
@@ -180,21 +218,6 @@ class MappedFile:
         """
         release_mapped_pages(self._map, position, position + length)
 
-    @property
-    def released_upto(self) -> int:
-        """Bytes from the file start that ``release_below`` unmapped already."""
-        return self._released_upto
-
-    def release_below(self, position: int, *, from_start: bool = False) -> int:
-        """``release_pages`` of everything below ``position`` not released by this call before (a reader
-        done with those bytes), or from the file's start; returns the bytes released."""
-        begin = 0 if from_start else self._released_upto
-        if position <= begin:
-            return 0
-        released = release_mapped_pages(self._map, begin, position)
-        self._released_upto = max(self._released_upto, position)
-        return released
-
     def grow(self, size: int) -> None:
         """Extend the file to ``size`` bytes (zeros) and map it again."""
         if size <= self.size:
@@ -203,7 +226,7 @@ class MappedFile:
         os.ftruncate(self._fd, size)
         self.size = size
         self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE)
-        self._allocated_upto = self._released_upto = 0
+        self._allocated_upto = self.released_upto = 0
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes in ``[start, end)`` (whole file by default) durable.
