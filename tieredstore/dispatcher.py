@@ -605,9 +605,11 @@ class Dispatcher:
     async def _release_hot_pages(self, *, force: bool = False) -> None:
         """Now and then (or now, when forced), unmap the hot commit log below every queue's next unread record.
 
-        The archiver reads each hot record once, through a mapping: without this, every page of the hot
-        store it ever read would stay in its RSS until retention deletes the file (a follower's whole hot
-        store, gigabytes). Only advisory: a page released too early is mapped again when read.
+        Batch reads unmap the pages they copy from as they go (``read_batch(unmap=True)``); this sweeps up
+        what else mapped hot pages: the pages a fault mapped around a batch's last record, the store
+        timestamps read for the group-commit timeout, a follower's checks of new records. Without it
+        they would stay in the archiver's RSS until retention deletes the file. Only advisory: a page
+        released too early is mapped again when read.
         """
         now = time.monotonic()
         if (
@@ -647,7 +649,12 @@ class Dispatcher:
         if hot_min > start:
             return _Batch(None, self._hot_view(topic, queue_id, start))
         records = self.hot.read_batch(
-            topic, queue_id, start, max_count=settings.group_commit_count, max_bytes=settings.group_commit_size
+            topic,
+            queue_id,
+            start,
+            max_count=settings.group_commit_count,
+            max_bytes=settings.group_commit_size,
+            unmap=True,
         )
         entries = self._index_entries(state, records) if self.index is not None else []
         return _Batch(records, self._hot_view(topic, queue_id, records.next_offset), entries)

@@ -17,11 +17,12 @@ import pytest
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.message import POS_BORN_HOST, POS_MAGIC, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.local import LocalMessageStore
+from tieredstore.local import batch as batch_module
 from tieredstore.local.batch import HotBatch
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store import PutRequest, StoredMessage
 
-from .conftest import small_config
+from .conftest import mapped_rss, small_config
 
 TOPIC = "batch"
 QUEUES = 3
@@ -65,6 +66,7 @@ def same(batch: HotBatch, messages: list[StoredMessage]) -> None:
     assert batch.store_timestamps.tolist() == [store_timestamp_of(m.raw) for m in messages]
 
 
+@pytest.mark.parametrize("unmap", [False, True], ids=["mapped", "unmapping"])
 @pytest.mark.parametrize("kind", ["writer", "follower"])
 @pytest.mark.parametrize(
     ("start", "max_count", "max_bytes"),
@@ -72,13 +74,13 @@ def same(batch: HotBatch, messages: list[StoredMessage]) -> None:
     ids=["all", "count", "bytes", "first-always", "last", "at-end"],
 )
 def test_a_batch_is_what_read_messages_serves(
-    tmp_path: Path, kind: str, start: int, max_count: int, max_bytes: int
+    tmp_path: Path, kind: str, start: int, max_count: int, max_bytes: int, unmap: bool
 ) -> None:
     fill(tmp_path)
     with opened(tmp_path, kind) as store:
         for queue_id in range(QUEUES):
             messages = store.read_messages(TOPIC, queue_id, start, max_count, max_bytes)
-            batch = store.read_batch(TOPIC, queue_id, start, max_count, max_bytes)
+            batch = store.read_batch(TOPIC, queue_id, start, max_count, max_bytes, unmap=unmap)
             same(batch, messages)
             assert batch.next_offset == start + len(messages)
     if max_bytes == 1:
@@ -201,3 +203,46 @@ def test_a_follower_refuses_a_record_whose_tags_no_longer_match_its_unit(tmp_pat
         with pytest.raises(CorruptRecordError, match="offset 1 changed after it was checked: unit tag hash"):
             follower.read_batch(TOPIC, 0, 0, 100, 1 << 30)
         assert len(follower.read_batch(TOPIC, 0, 0, 1, 1 << 30)) == 1
+
+
+@pytest.mark.parametrize("kind", ["writer", "follower"])
+def test_an_unmapping_batch_read_holds_only_a_step_of_the_commit_log_mapped(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One queue among four interleaved: its 3.2 MiB of records are spread over 12.8 MiB of commit log.
+    The archiver's read maps a step of that at most, and leaves nothing of it mapped afterwards."""
+    monkeypatch.setattr(batch_module, "UNMAP_STEP", 1 << 20)
+    config = small_config(commit_log_file_size=4 << 20)
+    with LocalMessageStore(tmp_path, config=config) as store:
+        for n in range(800):
+            store.put_messages(PutRequest(TOPIC, queue_id, bytes([n % 251]) * 4000) for queue_id in range(4))
+    commit_log = tmp_path / "commitlog"
+    peak = 0
+    release = batch_module.release_mapped_pages
+
+    def measured_release(*args: object) -> int:
+        nonlocal peak
+        peak = max(peak, mapped_rss(commit_log))  # what the read holds mapped just before it lets a step go
+        return release(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch_module, "release_mapped_pages", measured_release)
+    store = (
+        LocalMessageStore(tmp_path, config=config)
+        if kind == "writer"
+        else HotStoreFollower(tmp_path, config=config, refresh_interval=0.0)
+    )
+    with store:
+        assert store.max_offset(TOPIC, 2) == 800  # (a follower checks a queue's records when first asked)
+        store.release_pages(1 << 40)  # what opening mapped (a follower's check; a writer keeps its tail)
+        before = mapped_rss(commit_log)
+        assert before <= 64 << 10
+        batch = store.read_batch(TOPIC, 2, 0, 1000, 1 << 30, unmap=True)
+        assert len(batch) == 800
+        assert before < peak <= before + (1 << 20) + (256 << 10)
+        # At most what a fault maps around the last record of each of the four files stays mapped.
+        assert mapped_rss(commit_log) <= before + (256 << 10)
+        # Unmapped is not gone: the same records read again, mapped this time, spread over the whole log.
+        again = store.read_batch(TOPIC, 2, 0, 1000, 1 << 30)
+        assert bytes(again.data) == bytes(batch.data)
+        assert mapped_rss(commit_log) >= 10 << 20
+        same(batch, store.read_messages(TOPIC, 2, 0, 1000, 1 << 30))

@@ -16,6 +16,7 @@ threads, and an mmap with exported buffers cannot be closed. Slices of an mmap a
 
 from __future__ import annotations
 
+import itertools
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from tieredstore.formats.message import (
     SYSFLAG_STOREHOST_V6,
     tag_hash,
 )
+from tieredstore.local.mapped_file import release_mapped_pages
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -47,6 +49,8 @@ BoolArray = npt.NDArray[np.bool_]
 HEAD_BYTES = POS_BORN_HOST + 20 + 8
 HEAD_DTYPE = head_dtype_with_hosts(HEAD_BYTES - POS_BORN_HOST)
 assert HEAD_DTYPE.itemsize == HEAD_BYTES
+# How much of a file a batch read unmapping as it goes (``copy_records``) holds mapped at most.
+UNMAP_STEP = 4 << 20
 _TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
 
 
@@ -200,10 +204,22 @@ def located_prefix(files: Sequence[MappedRegion], units: np.ndarray) -> tuple[in
     return count, safe[:count], local[:count]
 
 
-def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64Array, sizes: Int64Array) -> bytearray:
+def copy_records(
+    files: Sequence[MappedRegion],
+    which: Int64Array,
+    local: Int64Array,
+    sizes: Int64Array,
+    *,
+    unmap_below: int | None = None,
+) -> bytearray:
     """The records at ``local`` in file ``which`` (sizes ``sizes``) joined into one buffer.
 
     Records that lie back to back in one file (a producer's batch to one queue) are copied as one slice.
+    With ``unmap_below`` (a commit-log offset), the pages copied from below it are unmapped from this
+    process every UNMAP_STEP bytes of file, as the copy goes: a reader that reads each record once (the
+    archiver) then holds at most a step of the commit log mapped per batch being read, where one batch
+    of a queue among many spans far more (4 MiB of one of 16 queues: 64 MiB). The pages stay in the page
+    cache; another queue's batch that needs one of them maps it again.
     """
     if not len(which):
         return bytearray()
@@ -212,17 +228,48 @@ def copy_records(files: Sequence[MappedRegion], which: Int64Array, local: Int64A
     firsts = np.concatenate(([0], breaks))
     lasts = np.concatenate((breaks - 1, [len(which) - 1]))
     buffers = [file.buffer for file in files]
-    begins = local[firsts].tolist()
-    finishes = ends[lasts].tolist()
+    begins = local[firsts]
+    finishes = ends[lasts]
+    run_files = which[firsts]
     try:
+        if unmap_below is not None:
+            return _copy_unmapping(files, run_files, begins, finishes, unmap_below)
         if int(which[0]) == int(which[-1]):
             buffer = buffers[int(which[0])]
-            return bytearray().join([buffer[begin:end] for begin, end in zip(begins, finishes, strict=True)])
+            return bytearray().join(
+                [buffer[begin:end] for begin, end in zip(begins.tolist(), finishes.tolist(), strict=True)]
+            )
         return bytearray().join(
-            [buffers[w][begin:end] for w, begin, end in zip(which[firsts].tolist(), begins, finishes, strict=True)]
+            [
+                buffers[w][begin:end]
+                for w, begin, end in zip(run_files.tolist(), begins.tolist(), finishes.tolist(), strict=True)
+            ]
         )
     except ValueError as exc:
         raise NotFoundError("a commit-log file was just deleted by retention") from exc
+
+
+def _copy_unmapping(
+    files: Sequence[MappedRegion], run_files: Int64Array, begins: Int64Array, finishes: Int64Array, unmap_below: int
+) -> bytearray:
+    """``copy_records``' copy of the runs, unmapping each UNMAP_STEP of file once its runs are copied."""
+    # Runs in the same file and the same UNMAP_STEP of it are copied together, then their pages released.
+    steps = run_files * (1 << 48) + begins // UNMAP_STEP
+    cuts = np.concatenate(([0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)])).tolist()
+    run_files_list, begins_list, finishes_list = run_files.tolist(), begins.tolist(), finishes.tolist()
+    copies: list[bytes] = []
+    released: dict[int, int] = {}  # per file, where the pages released so far end
+    for low, high in itertools.pairwise(cuts):
+        which = run_files_list[low]
+        file = files[which]
+        buffer = file.buffer
+        # Slices of an mmap are copies: once taken, their pages may go.
+        copies += [buffer[begin:end] for begin, end in zip(begins_list[low:high], finishes_list[low:high], strict=True)]
+        # From where the last step ended: a fault maps the pages around it too, gaps between records included.
+        begin = released.get(which, begins_list[low])
+        released[which] = min(finishes_list[high - 1], unmap_below - file.start_offset)
+        release_mapped_pages(buffer, begin, released[which])
+    return bytearray().join(copies)
 
 
 def build(topic: str, queue_id: int, first_offset: int, units: np.ndarray, data: bytearray) -> HotBatch:
@@ -403,9 +450,16 @@ class WrittenLog(Protocol):
     @property
     def write_offset(self) -> int: ...
 
+    @property
+    def flushed_offset(self) -> int: ...
 
-def read_written(log: WrittenLog, topic: str, queue_id: int, first_offset: int, units: np.ndarray) -> HotBatch:
+
+def read_written(
+    log: WrittenLog, topic: str, queue_id: int, first_offset: int, units: np.ndarray, *, unmap: bool = False
+) -> HotBatch:
     """The writer's records of ``units`` (from ``first_offset``) as a checked HotBatch.
+
+    ``unmap``: unmap the flushed pages copied from as the copy goes (``copy_records``).
 
     NotFoundError when a record is no longer (or not) in the hot store: retention deleted its file.
     """
@@ -432,7 +486,7 @@ def read_written(log: WrittenLog, topic: str, queue_id: int, first_offset: int, 
         raise NotFoundError(
             f"the record of {topic}/{queue_id} offset {first_offset + count} is not in one commit-log file"
         )
-    data = copy_records(files, which, local, sizes)
+    data = copy_records(files, which, local, sizes, unmap_below=log.flushed_offset if unmap else None)
     batch = build(topic, queue_id, first_offset, units, data)
     check_written(batch)
     return batch

@@ -95,7 +95,7 @@ _BYTE = struct.Struct(">b")
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 DEFAULT_REFRESH_INTERVAL = 0.2
 # A queue's check of new units unmaps the pages behind it each time it has moved this far (see _grow).
-GROW_RELEASE_BYTES = 64 << 20
+GROW_RELEASE_BYTES = 8 << 20
 
 
 def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
@@ -622,10 +622,17 @@ class HotStoreFollower(LocalMessageStore):
             return messages
 
     def read_batch(
-        self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 << 20,
+        *,
+        unmap: bool = False,
     ) -> HotBatch:
         """``read_messages`` as one HotBatch (see ``tieredstore.local.batch``): the same records, each
-        checked again as it is copied out, all at once instead of one by one."""
+        checked again as it is copied out, all at once instead of one by one. ``unmap`` as the writer's."""
         with self._lock:
             queue = self._fresh(topic, queue_id)
             if queue is None:
@@ -651,7 +658,14 @@ class HotStoreFollower(LocalMessageStore):
                 queue_id,
                 queue_offset,
                 units,
-                copy_records(self._log.files, which, local, units["size"].astype(np.int64)),
+                copy_records(
+                    self._log.files,
+                    which,
+                    local,
+                    units["size"].astype(np.int64),
+                    # A follower's mapping is read-only: every page it maps is on disk already.
+                    unmap_below=self._log.files[-1].end_offset if unmap else None,
+                ),
             )
             bad = followed_problems(batch, queue.topic_raw)
             if bad is not None:

@@ -1133,10 +1133,22 @@ class LocalMessageStore:
         return messages
 
     def read_batch(
-        self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 << 20,
+        *,
+        unmap: bool = False,
     ) -> HotBatch:
         """The messages ``read_messages`` gives, as one HotBatch: records joined in one buffer, units in
-        one array, checked all at once (see ``tieredstore.local.batch``)."""
+        one array, checked all at once (see ``tieredstore.local.batch``).
+
+        ``unmap`` is for a reader that reads each record once (the archiver): the (flushed) commit-log
+        pages the batch was copied from are unmapped from this process as the copy goes, so reading a
+        queue among many does not map the whole stretch of commit log its records are spread over.
+        """
         queue = self._existing_queue(topic, queue_id)
         if queue is None:
             return HotBatch.empty(topic, queue_id, queue_offset)
@@ -1145,7 +1157,7 @@ class LocalMessageStore:
                 f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset {queue.min_offset}"
             )
         units = parse_units(queue.unit_bytes(queue_offset, max_count), max_bytes)
-        return read_written(self._commit_log, topic, queue_id, queue_offset, units)
+        return read_written(self._commit_log, topic, queue_id, queue_offset, units, unmap=unmap)
 
     def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
         """The decoded message at ``queue_offset`` (body CRC checked)."""
