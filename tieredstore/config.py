@@ -83,6 +83,10 @@ class ArchiverSettings(_Section):
     group_commit_count: int = Field(default=4096, ge=1)
     group_commit_size: int = Field(default=4 * MIB, ge=1)
     max_pending_commits: int = Field(default=8, ge=1)
+    unmap_hot_reads: bool = Field(
+        default=True,
+        description="unmap the hot pages a batch was copied from as it is copied: a bounded RSS, for minor faults",
+    )
     scan_interval: float = Field(default=1.0, gt=0, description="seconds between scans of idle queues")
     start_from: str = Field(default="earliest", description="earliest | latest | an epoch-ms timestamp")
     shutdown_timeout: float = Field(default=30.0, gt=0)

@@ -605,7 +605,7 @@ class Dispatcher:
     async def _release_hot_pages(self, *, force: bool = False) -> None:
         """Now and then (or now, when forced), unmap the hot commit log below every queue's next unread record.
 
-        Batch reads unmap the pages they copy from as they go (``read_batch(unmap=True)``); this sweeps up
+        Batch reads unmap the pages they copy from as they go (``unmap_hot_reads``); this sweeps up
         what else mapped hot pages: the pages a fault mapped around a batch's last record, the store
         timestamps read for the group-commit timeout, a follower's checks of new records. Without it
         they would stay in the archiver's RSS until retention deletes the file. Only advisory: a page
@@ -654,7 +654,7 @@ class Dispatcher:
             start,
             max_count=settings.group_commit_count,
             max_bytes=settings.group_commit_size,
-            unmap=True,
+            unmap=settings.unmap_hot_reads,
         )
         entries = self._index_entries(state, records) if self.index is not None else []
         return _Batch(records, self._hot_view(topic, queue_id, records.next_offset), entries)
