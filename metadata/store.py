@@ -617,6 +617,40 @@ class MetadataStore:
             raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
         return queue
 
+    def get_queue_with_segments(
+        self, topic: str, queue_id: int, path: str, file_types: Sequence[str]
+    ) -> tuple[QueuePosition, dict[str, list[SegmentRecord]]]:
+        """``get_queue``, then ``list_segments`` of each of ``file_types``, in one session and two statements.
+
+        What a read-only view of a queue loads, in one round trip to the database thread instead of one
+        per file. The position is read first, as separate calls would, so a commit in between only makes
+        the segment rows longer than the position counts.
+        """
+        kinds = {_file_type(name): name for name in file_types}
+        segments: dict[str, list[SegmentRecord]] = {name: [] for name in file_types}
+        with self._reading("read a queue and its segments") as session:
+            row = session.scalar(
+                select(Queue)
+                .join(Topic, Topic.id == Queue.topic_id)
+                .where(Topic.name == topic, Queue.queue_id == queue_id)
+            )
+            position = None if row is None else _queue_position(topic, row)
+            if position is not None:
+                statement = (
+                    select(Segment)
+                    .where(
+                        Segment.path == path,
+                        Segment.file_type.in_(list(kinds)),
+                        Segment.status.in_(list(LIVE_SEGMENT_STATUSES)),
+                    )
+                    .order_by(Segment.base_offset)
+                )
+                for segment in session.scalars(statement):
+                    segments[kinds[segment.file_type]].append(_segment_record(segment))
+        if position is None:
+            raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+        return position, segments
+
     def list_queues(self, topic: str | None = None) -> list[QueuePosition]:
         """Every queue (of one topic, or of all), in one query: what a restart reads first."""
         statement = select(Topic.name, Queue).join(Topic, Topic.id == Queue.topic_id)

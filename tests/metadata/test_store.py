@@ -133,6 +133,28 @@ def test_list_all_segments_groups_by_file(store: MetadataStore) -> None:
     ]
 
 
+def test_a_queue_with_its_segments_is_what_get_queue_and_list_segments_give(store: MetadataStore) -> None:
+    store.get_or_create_queue("TopicA", 0, start_offset=7)
+    store.add_segment(QUEUE_PATH, FileType.COMMIT_LOG, 4096)
+    store.add_segment(QUEUE_PATH, FileType.COMMIT_LOG, 0)
+    store.add_segment(QUEUE_PATH, FileType.CONSUME_QUEUE, 0)
+    store.add_segment(QUEUE_PATH, FileType.INDEX, 0)  # a file type not asked for
+    store.add_segment("abcd1234_cluster/broker/TopicA/1", FileType.COMMIT_LOG, 0)  # another queue's
+    store.add_segment(QUEUE_PATH, FileType.CONSUME_QUEUE, 2000)
+    store.update_segment(SegmentUpdate(QUEUE_PATH, FileType.CONSUME_QUEUE, 2000, status=SegmentStatus.DELETED))
+    types = (FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value)
+
+    position, segments = store.get_queue_with_segments("TopicA", 0, QUEUE_PATH, types)
+
+    assert position == store.get_queue("TopicA", 0)
+    assert position.min_offset == 7
+    assert segments == {name: store.list_segments(QUEUE_PATH, name) for name in types}
+    assert [s.base_offset for s in segments[FileType.COMMIT_LOG.value]] == [0, 4096]
+    assert [s.base_offset for s in segments[FileType.CONSUME_QUEUE.value]] == [0]  # the DELETED one left out
+    with pytest.raises(NotFoundError, match="TopicA/5"):
+        store.get_queue_with_segments("TopicA", 5, QUEUE_PATH, types)
+
+
 def test_delete_segments_under_a_path_takes_only_that_subtree(store: MetadataStore) -> None:
     # '_' and '%' are legal in topic names and must not act as LIKE wildcards.
     store.add_segment("c/b/Topic_1/0", FileType.COMMIT_LOG, 0)

@@ -62,6 +62,8 @@ from tieredstore.providers.base import Provider
 
 GIB = 1 << 30
 MIB = 1 << 20
+# The files of a queue a read-only view loads from metadata (its segment rows).
+VIEW_FILE_TYPES = (FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,13 +237,10 @@ class FlatMessageFile:
         """Re-read this read-only view's position and segment rows: see what was committed since."""
         if not self.read_only:
             raise ValidationError(f"{self}: only a read-only view is refreshed; the archiver's copy is current")
-        metadata = self.metadata
-        position = await asyncio.to_thread(metadata.get_queue, self.topic, self.queue_id)
-        commit_log_rows, consume_queue_rows = await asyncio.gather(
-            asyncio.to_thread(metadata.list_segments, self.path, FileType.COMMIT_LOG.value),
-            asyncio.to_thread(metadata.list_segments, self.path, FileType.CONSUME_QUEUE.value),
+        position, rows = await asyncio.to_thread(
+            self.metadata.get_queue_with_segments, self.topic, self.queue_id, self.path, VIEW_FILE_TYPES
         )
-        self._load(position, commit_log_rows, consume_queue_rows)
+        self._load(position, rows[FileType.COMMIT_LOG.value], rows[FileType.CONSUME_QUEUE.value])
 
     # ---- positions -------------------------------------------------------------------------------
 
