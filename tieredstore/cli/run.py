@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import structlog
 import typer
 from rich.console import Console, Group
 from rich.live import Live
@@ -29,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tieredstore import errors
+from tieredstore.allocator import tune_allocator
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
@@ -38,6 +40,8 @@ from tieredstore.local.follower import HotStoreFollower
 from tieredstore.metadata.engine import parse_url
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import HotMode, open_runtime
+
+log = structlog.get_logger(__name__)
 
 DEMO_TOPICS = (("DemoOrders", 4), ("DemoPayments", 2))
 DEMO_TAGS = ("created", "paid", "shipped", "delivered")
@@ -440,6 +444,11 @@ def run(
     if overrides:
         config = config.model_copy(update={"archiver": config.archiver.model_copy(update=overrides)})
     options = RunOptions(demo, once, duration, demo_messages, demo_rate, hot_mode)
+    if config.archiver.tune_allocator:
+        # Before the event loop and its worker threads exist: arenas made earlier are kept as they are.
+        tuned = tune_allocator()
+        if tuned:
+            log.info("allocator tuned for batches", **{name.strip("_").lower(): value for name, value in tuned.items()})
     try:
         summary = asyncio.run(_archive(cli, config, options))
     except asyncio.CancelledError:
