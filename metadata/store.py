@@ -27,7 +27,20 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BindParameter, Engine, Update, bindparam, delete, event, func, inspect, or_, select, update
+from sqlalchemy import (
+    BindParameter,
+    Engine,
+    Select,
+    Update,
+    bindparam,
+    delete,
+    event,
+    func,
+    inspect,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
@@ -222,6 +235,22 @@ def _file_type(value: str) -> SegmentFileType:
         return SegmentFileType(value)
     except ValueError as exc:
         raise ValidationError(f"{value!r} is not a segment file type ({', '.join(SegmentFileType)})") from exc
+
+
+def _queue_query(topic: str, queue_id: int) -> Select[Queue]:
+    """The queue row of ``topic``/``queue_id``."""
+    return select(Queue).join(Topic, Topic.id == Queue.topic_id).where(Topic.name == topic, Queue.queue_id == queue_id)
+
+
+def _segments_query(
+    path: str, kinds: Iterable[SegmentFileType], statuses: Iterable[SegmentStatus]
+) -> Select[Segment]:
+    """The segment rows of the files of one queue ``path`` of the given kinds and states, by base offset."""
+    return (
+        select(Segment)
+        .where(Segment.path == path, Segment.file_type.in_(list(kinds)), Segment.status.in_(list(statuses)))
+        .order_by(Segment.base_offset)
+    )
 
 
 def _check_offset(name: str, value: int | None) -> None:
@@ -604,11 +633,7 @@ class MetadataStore:
 
     def _find_queue(self, topic: str, queue_id: int) -> QueuePosition | None:
         with self._reading("read a queue") as session:
-            row = session.scalar(
-                select(Queue)
-                .join(Topic, Topic.id == Queue.topic_id)
-                .where(Topic.name == topic, Queue.queue_id == queue_id)
-            )
+            row = session.scalar(_queue_query(topic, queue_id))
             return None if row is None else _queue_position(topic, row)
 
     def get_queue(self, topic: str, queue_id: int) -> QueuePosition:
@@ -629,27 +654,13 @@ class MetadataStore:
         kinds = {_file_type(name): name for name in file_types}
         segments: dict[str, list[SegmentRecord]] = {name: [] for name in file_types}
         with self._reading("read a queue and its segments") as session:
-            row = session.scalar(
-                select(Queue)
-                .join(Topic, Topic.id == Queue.topic_id)
-                .where(Topic.name == topic, Queue.queue_id == queue_id)
-            )
-            position = None if row is None else _queue_position(topic, row)
-            if position is not None:
-                statement = (
-                    select(Segment)
-                    .where(
-                        Segment.path == path,
-                        Segment.file_type.in_(list(kinds)),
-                        Segment.status.in_(list(LIVE_SEGMENT_STATUSES)),
-                    )
-                    .order_by(Segment.base_offset)
-                )
-                for segment in session.scalars(statement):
+            row = session.scalar(_queue_query(topic, queue_id))
+            if row is not None:
+                for segment in session.scalars(_segments_query(path, kinds, LIVE_SEGMENT_STATUSES)):
                     segments[kinds[segment.file_type]].append(_segment_record(segment))
-        if position is None:
+        if row is None:
             raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
-        return position, segments
+        return _queue_position(topic, row), segments
 
     def list_queues(self, topic: str | None = None) -> list[QueuePosition]:
         """Every queue (of one topic, or of all), in one query: what a restart reads first."""
@@ -971,17 +982,11 @@ class MetadataStore:
         self, path: str, file_type: str, *, statuses: Iterable[SegmentStatus] = LIVE_SEGMENT_STATUSES
     ) -> list[SegmentRecord]:
         """One file's segments in the given states, by ascending base offset."""
-        statement = (
-            select(Segment)
-            .where(
-                Segment.path == path,
-                Segment.file_type == _file_type(file_type),
-                Segment.status.in_(list(statuses)),
-            )
-            .order_by(Segment.base_offset)
-        )
         with self._reading("list segments") as session:
-            return [_segment_record(row) for row in session.scalars(statement)]
+            return [
+                _segment_record(row)
+                for row in session.scalars(_segments_query(path, [_file_type(file_type)], statuses))
+            ]
 
     def list_all_segments(
         self,

@@ -27,9 +27,8 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-MIB = 1 << 20
 ALLOCATOR_ARENAS = 2
-ALLOCATOR_THRESHOLD_BYTES = 32 * MIB
+ALLOCATOR_THRESHOLD_BYTES = 32 << 20
 
 # mallopt(3) parameters (glibc's malloc.h) and the environment variables that set them at start-up.
 _M_TRIM_THRESHOLD = -1

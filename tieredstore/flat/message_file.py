@@ -63,7 +63,16 @@ from tieredstore.providers.base import Provider
 GIB = 1 << 30
 MIB = 1 << 20
 # The files of a queue a read-only view loads from metadata (its segment rows).
-VIEW_FILE_TYPES = (FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value)
+_VIEW_FILE_TYPES = (FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value)
+
+
+async def read_view_rows(
+    metadata: MetadataStore, topic: str, queue_id: int, path: str
+) -> tuple[QueuePosition, list[SegmentRecord], list[SegmentRecord]]:
+    """What a read-only view loads: the queue's position, then its commit log's and consume queue's live
+    segment rows, in one metadata call (the position first: a commit in between only lengthens the rows)."""
+    position, rows = await asyncio.to_thread(metadata.get_queue_with_segments, topic, queue_id, path, _VIEW_FILE_TYPES)
+    return position, rows[FileType.COMMIT_LOG.value], rows[FileType.CONSUME_QUEUE.value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,10 +246,7 @@ class FlatMessageFile:
         """Re-read this read-only view's position and segment rows: see what was committed since."""
         if not self.read_only:
             raise ValidationError(f"{self}: only a read-only view is refreshed; the archiver's copy is current")
-        position, rows = await asyncio.to_thread(
-            self.metadata.get_queue_with_segments, self.topic, self.queue_id, self.path, VIEW_FILE_TYPES
-        )
-        self._load(position, rows[FileType.COMMIT_LOG.value], rows[FileType.CONSUME_QUEUE.value])
+        self._load(*await read_view_rows(self.metadata, self.topic, self.queue_id, self.path))
 
     # ---- positions -------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import structlog
 
 from tieredstore.errors import NotFoundError, TieredStoreError
 from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock, wall_clock_ms
-from tieredstore.flat.message_file import VIEW_FILE_TYPES, FlatFileSettings, FlatMessageFile, RecoveryResult
+from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult, read_view_rows
 from tieredstore.formats.naming import FileType, queue_path, validate_topic
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import Provider
@@ -169,10 +169,9 @@ class FlatFileStore:
         than the view counts; ``refresh`` on the view sees later commits.
         """
         validate_topic(topic)
-        position, rows = await asyncio.to_thread(
-            self.metadata.get_queue_with_segments, topic, queue_id, self.queue_path(topic, queue_id), VIEW_FILE_TYPES
+        return self.read_only_file(
+            *await read_view_rows(self.metadata, topic, queue_id, self.queue_path(topic, queue_id))
         )
-        return self.read_only_file(position, rows[FileType.COMMIT_LOG.value], rows[FileType.CONSUME_QUEUE.value])
 
     # ---- recovery --------------------------------------------------------------------------------
 
