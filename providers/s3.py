@@ -11,7 +11,9 @@ place, ``translate_s3_errors``, with its cause chained.
 socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
 SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
 GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
-piece (7.6 against 16 ms, measured on moto). Listings and deletes go through the aiobotocore client on
+piece (7.6 against 16 ms, measured on moto). Once the sync client has made a GET, later GETs are
+signed and sent with its parts but without its per-call machinery (``s3_direct``: half the CPU of a
+GET again), answering as the client would. Listings and deletes go through the aiobotocore client on
 the event loop. Both clients share one configuration, and the retries and error translation below.
 
 Integrity is checked end to end: every PUT carries a CRC32 of its body (``x-amz-checksum-crc32``,
@@ -45,6 +47,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import botocore.config
+import botocore.credentials
 import botocore.exceptions
 import botocore.session
 from aiobotocore.config import AioConfig
@@ -63,6 +66,7 @@ from tieredstore.errors import (
 from tieredstore.formats.checksum import crc32
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
 from tieredstore.providers.paths import check_logical_path
+from tieredstore.providers.s3_direct import DirectGets, DirectGetUnusable, capture_sent_url, last_sent_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,6 +154,9 @@ _RESPONSE_CHECKSUMS: tuple[tuple[str, Callable[[bytes | bytearray], str]], ...] 
 )
 
 
+_CHECKSUM_HEADERS = tuple((name, f"x-amz-checksum-{name[8:].lower()}") for name, _ in _RESPONSE_CHECKSUMS)
+
+
 def _stored_checksum(response: Mapping[str, Any]) -> tuple[str, Callable[[bytes | bytearray], str], str] | None:
     """(name, digest, value) of the full-object checksum S3 returned that we can compute, if any.
 
@@ -166,6 +173,25 @@ def _stored_checksum(response: Mapping[str, Any]) -> tuple[str, Callable[[bytes 
 def _checksum_mismatch(name: str, what: str) -> StorageUnavailableError:
     # Damaged on the way: StorageUnavailableError, so the read is retried.
     return StorageUnavailableError(f"{what}: the bytes received do not match their stored {name[8:]} checksum")
+
+
+def _check_received(data: bytes, response: Mapping[str, Any], what: str, *, checked: bool = False) -> None:
+    """Raise StorageUnavailableError unless ``data`` is as long as the response said and matches its
+    stored checksum (``checked``: botocore compared it already as it read)."""
+    expected = response.get("ContentLength")
+    if expected is not None and len(data) != expected:
+        raise StorageUnavailableError(f"{what}: {len(data)} bytes received of {expected}")
+    if not checked:
+        check_response_checksum(response, data, what)
+
+
+def _header_fields(headers: Mapping[str, str]) -> dict[str, Any]:
+    """A direct GET's response headers as the fields ``_check_received`` reads from a client's answer."""
+    fields: dict[str, Any] = {name: headers.get(header) for name, header in _CHECKSUM_HEADERS}
+    length = headers.get("content-length")
+    if length is not None:
+        fields["ContentLength"] = int(length)
+    return fields
 
 
 def check_response_checksum(response: Mapping[str, Any], data: bytes, what: str) -> None:
@@ -347,6 +373,9 @@ class S3ObjectStore(ObjectStore):
         self._bucket = provider.bucket
         self._prefix = provider.prefix
         self._options = provider.options
+        self._direct: DirectGets | None = None  # learned from the client's first GET (s3_direct)
+        self._learn_direct = True
+        self.direct_gets = 0  # GETs sent without a client call (s3_direct), answered or not
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}/{key}" if self._prefix else key
@@ -440,6 +469,21 @@ class S3ObjectStore(ObjectStore):
             # GIL, where aiohttp would hand a body to the event loop piece by piece (twice the CPU). The
             # sync client asks S3 for the stored checksum itself (_ask_for_checksums), so that botocore
             # leaves the body alone and ours (zlib-ng's CRC-32, ~17x binascii's on 4 MiB) checks it.
+            # Once the client has made a GET, the next ones skip its per-call machinery (s3_direct).
+            direct = self._direct
+            if direct is not None:
+                self.direct_gets += 1
+                try:
+                    answer = direct.get(full, start, length)
+                except DirectGetUnusable as error:
+                    log.info("S3 GETs go through the client again after %s from %s", error, self._where(full))
+                    self._direct, self._learn_direct = None, False
+                else:
+                    if answer is None:
+                        return b""  # the object ends before ``start``
+                    data, headers = answer
+                    _check_received(data, _header_fields(headers), what)
+                    return data
             try:
                 response = client.get_object(Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
             except botocore.exceptions.ClientError as error:
@@ -452,11 +496,10 @@ class S3ObjectStore(ObjectStore):
                 except botocore.exceptions.FlexibleChecksumError as error:
                     stored = _stored_checksum(response)
                     raise _checksum_mismatch(stored[0] if stored else "Checksum", what) from error
-            expected = response.get("ContentLength")
-            if expected is not None and len(data) != expected:
-                raise StorageUnavailableError(f"{what}: {len(data)} bytes received of {expected}")
-            if not isinstance(body, StreamingChecksumBody):
-                check_response_checksum(response, data, what)  # (else botocore compared it as it read)
+            _check_received(data, response, what, checked=isinstance(body, StreamingChecksumBody))
+            if self._learn_direct:
+                self._learn_direct = False
+                self._direct = DirectGets.learn(client, self._provider.credentials(), full, last_sent_url())
             return data
 
         return await self._call_in_thread(what, get)
@@ -496,6 +539,7 @@ class S3ObjectStore(ObjectStore):
             await self._call(f"delete {self._where(full)}", delete)
 
     async def close(self) -> None:
+        self._direct, self._learn_direct = None, True  # it sends on the client closed here: learn anew
         await self._provider.close_client()
 
 
@@ -588,7 +632,17 @@ class S3Provider(ChunkedProvider):
             config=botocore.config.Config(**self._config_arguments()),
         )
         client.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
+        client.meta.events.register("before-send.s3.GetObject", capture_sent_url)
         return client
+
+    def credentials(self) -> Any:
+        """The botocore credentials the sync client signs with: the options' keys, else botocore's chain."""
+        options = self.options
+        if options.access_key_id is not None and options.secret_access_key is not None:
+            return botocore.credentials.Credentials(
+                options.access_key_id, options.secret_access_key, options.session_token
+            )
+        return _sync_session().get_credentials()
 
     def client_config(self) -> AioConfig:
         """The botocore configuration of this provider's client."""
