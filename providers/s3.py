@@ -11,10 +11,10 @@ place, ``translate_s3_errors``, with its cause chained.
 socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
 SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
 GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
-piece (7.6 against 16 ms, measured on moto). Once the sync client has made a GET, later GETs are
-signed and sent with its parts but without its per-call machinery (``s3_direct``: half the CPU of a
-GET again), answering as the client would. Listings and deletes go through the aiobotocore client on
-the event loop. Both clients share one configuration, and the retries and error translation below.
+piece (7.6 against 16 ms, measured on moto). Once the sync client has made a GET or a PUT, later ones
+are signed and sent with its parts but without its per-call machinery (``s3_direct``: half the CPU
+of a GET again), answering as the client would. Listings and deletes go through the aiobotocore
+client on the event loop. Both clients share one configuration, and the retries and error translation below.
 
 Integrity is checked end to end: every PUT carries a CRC32 of its body (``x-amz-checksum-crc32``,
 which S3 verifies before storing anything) and every GET asks for the object's stored checksum and
@@ -66,7 +66,7 @@ from tieredstore.errors import (
 from tieredstore.formats.checksum import crc32
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
 from tieredstore.providers.paths import check_logical_path
-from tieredstore.providers.s3_direct import DirectGets, DirectGetUnusable, capture_sent_url, last_sent_url
+from tieredstore.providers.s3_direct import DirectRequests, DirectRequestUnusable, capture_sent_url, last_sent_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -373,9 +373,9 @@ class S3ObjectStore(ObjectStore):
         self._bucket = provider.bucket
         self._prefix = provider.prefix
         self._options = provider.options
-        self._direct: DirectGets | None = None  # learned from the client's first GET (s3_direct)
+        self._direct: DirectRequests | None = None  # learned from the client's first GET or PUT (s3_direct)
         self._learn_direct = True
-        self.direct_gets = 0  # GETs sent without a client call (s3_direct), answered or not
+        self.direct_requests = 0  # GETs and PUTs sent without a client call (s3_direct), answered or not
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}/{key}" if self._prefix else key
@@ -469,15 +469,14 @@ class S3ObjectStore(ObjectStore):
             # GIL, where aiohttp would hand a body to the event loop piece by piece (twice the CPU). The
             # sync client asks S3 for the stored checksum itself (_ask_for_checksums), so that botocore
             # leaves the body alone and ours (zlib-ng's CRC-32, ~17x binascii's on 4 MiB) checks it.
-            # Once the client has made a GET, the next ones skip its per-call machinery (s3_direct).
-            direct = self._direct
+            # Once the client has made a request, the next ones skip its per-call machinery (s3_direct).
+            direct, unusable = self._direct, None
             if direct is not None:
-                self.direct_gets += 1
+                self.direct_requests += 1
                 try:
                     answer = direct.get(full, start, length)
-                except DirectGetUnusable as error:
-                    log.info("S3 GETs go through the client again after %s from %s", error, self._where(full))
-                    self._direct, self._learn_direct = None, False
+                except DirectRequestUnusable as error:
+                    unusable = error
                 else:
                     if answer is None:
                         return b""  # the object ends before ``start``
@@ -497,9 +496,7 @@ class S3ObjectStore(ObjectStore):
                     stored = _stored_checksum(response)
                     raise _checksum_mismatch(stored[0] if stored else "Checksum", what) from error
             _check_received(data, response, what, checked=isinstance(body, StreamingChecksumBody))
-            if self._learn_direct:
-                self._learn_direct = False
-                self._direct = DirectGets.learn(client, self._provider.credentials(), full, last_sent_url())
+            self._client_succeeded(client, full, unusable)
             return data
 
         return await self._call_in_thread(what, get)
@@ -519,15 +516,38 @@ class S3ObjectStore(ObjectStore):
     async def _put_object(self, what: str, full: str, data: bytes | bytearray, **conditions: str) -> None:
         """PUT ``data`` with our CRC32 of it, on the sync client in a worker thread: the CRC32 and, over
         plain http, the SigV4 payload hash are computed there, off the event loop, as the body is sent."""
-        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **self._options.encryption_arguments()}
+        encryption = self._options.encryption_arguments()
+        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **encryption}
         checksum: list[str] = []  # computed on the first attempt, reused by retries
 
         def put(client: Any) -> None:
             if not checksum:
                 checksum.append(_crc32(data))
+            direct, unusable = self._direct, None
+            if direct is not None:
+                self.direct_requests += 1
+                headers = _put_headers({**conditions, **encryption, **_checksum_arguments(checksum[0])})
+                try:
+                    direct.put(full, data, headers)
+                except DirectRequestUnusable as error:
+                    unusable = error
+                else:
+                    return
             client.put_object(Body=data, **arguments, **_checksum_arguments(checksum[0]))
+            self._client_succeeded(client, full, unusable)
 
         await self._call_in_thread(what, put)
+
+    def _client_succeeded(self, client: Any, full: str, unusable: DirectRequestUnusable | None) -> None:
+        """After a successful client GET or PUT of ``full`` in this thread: learn from the first one to do
+        without the client; after one that a direct request could not make (``unusable``), stop trying."""
+        if unusable is not None:
+            if self._direct is not None:
+                log.info("S3 requests go through the client again after %s from %s", unusable, self._where(full))
+            self._direct, self._learn_direct = None, False
+        elif self._learn_direct:
+            self._learn_direct = False
+            self._direct = DirectRequests.learn(client, self._provider.credentials(), full, last_sent_url())
 
     async def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -551,6 +571,20 @@ def _ask_for_checksums(request: Any, **_: Any) -> None:
     then does it with ours.
     """
     request.headers["x-amz-checksum-mode"] = "ENABLED"
+
+
+# The PutObject arguments we pass, as the headers botocore sends them in (a direct PUT sends them itself).
+_PUT_HEADERS = {
+    "IfNoneMatch": "If-None-Match",
+    "ServerSideEncryption": "x-amz-server-side-encryption",
+    "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
+    "ChecksumAlgorithm": "x-amz-sdk-checksum-algorithm",
+    "ChecksumCRC32": "x-amz-checksum-crc32",
+}
+
+
+def _put_headers(arguments: Mapping[str, str]) -> dict[str, str]:
+    return {_PUT_HEADERS[name]: value for name, value in arguments.items()}
 
 
 def _checksum_arguments(crc32: str) -> dict[str, str]:
@@ -633,6 +667,7 @@ class S3Provider(ChunkedProvider):
         )
         client.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
         client.meta.events.register("before-send.s3.GetObject", capture_sent_url)
+        client.meta.events.register("before-send.s3.PutObject", capture_sent_url)
         return client
 
     def credentials(self) -> Any:

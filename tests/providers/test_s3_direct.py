@@ -1,4 +1,4 @@
-"""GETs after the client's first one skip its per-call machinery (providers/s3_direct.py) and answer the same."""
+"""GETs and PUTs after the client's first request skip its machinery (providers/s3_direct.py) and answer the same."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from tests.fixtures.faultproxy import FaultProxy, FaultRates, FaultRule
 from tests.fixtures.s3 import S3Server
-from tieredstore.errors import SegmentNotFoundError, StorageAccessError, StorageUnavailableError
+from tieredstore.errors import SegmentNotFoundError, StorageAccessError, StorageError, StorageUnavailableError
 from tieredstore.providers.s3 import S3ObjectStore, S3Provider
-from tieredstore.providers.s3_direct import DirectGets
+from tieredstore.providers.s3_direct import DirectRequests
 
 FAST_RETRIES = {"retry_initial_delay": 0.001, "retry_max_delay": 0.01}
 DATA = bytes(range(256)) * 1200 + b"tail"
@@ -27,11 +27,13 @@ def store_of(provider: S3Provider) -> S3ObjectStore:
 
 
 async def learned(provider: S3Provider, key: str = KEY) -> S3ObjectStore:
-    """The provider's store after ``DATA`` was put at ``key`` and read once through the client."""
+    """The provider's store after ``DATA`` was put at ``key`` through the client and read back directly."""
     store = store_of(provider)
     await store.put(key, DATA)
+    assert store.direct_requests == 0
     assert await store.get_range(key, 0, 10) == DATA[:10]
-    assert store.direct_gets == 0
+    assert store.direct_requests == 1
+    store.direct_requests = 0
     return store
 
 
@@ -49,7 +51,7 @@ async def proxied(proxy: FaultProxy, s3_bucket: str, s3_options: dict[str, Any])
 
 
 @pytest.mark.parametrize("prefix", ["", "/archive", "/odd prefix ü+%"])
-async def test_after_one_client_get_the_next_ones_go_direct_and_return_the_same_bytes(
+async def test_after_one_client_request_gets_go_direct_and_return_the_same_bytes(
     s3_bucket: str, s3_options: dict[str, Any], prefix: str
 ) -> None:
     async with S3Provider(f"s3://{s3_bucket}{prefix}", **s3_options) as provider:
@@ -58,7 +60,7 @@ async def test_after_one_client_get_the_next_ones_go_direct_and_return_the_same_
         for start, length in ranges:
             assert await store.get_range(KEY, start, length) == DATA[start : start + length]
         assert await store.get_range(KEY, len(DATA), 10) == b""  # the object ends before the range (416)
-        assert store.direct_gets == len(ranges) + 1
+        assert store.direct_requests == len(ranges) + 1
 
 
 async def test_a_missing_object_is_segment_not_found_on_the_direct_path(
@@ -68,7 +70,7 @@ async def test_a_missing_object_is_segment_not_found_on_the_direct_path(
         store = await learned(provider)
         with pytest.raises(SegmentNotFoundError, match="NoSuchKey"):
             await store.get_range(KEY + "-gone", 0, 10)
-        assert store.direct_gets == 1
+        assert store.direct_requests == 1
 
 
 async def test_damaged_bytes_are_never_returned_on_the_direct_path(
@@ -87,7 +89,7 @@ async def test_damaged_bytes_are_never_returned_on_the_direct_path(
         )
         with pytest.raises(StorageUnavailableError, match="stored CRC32 checksum"):
             await store.get_range(KEY, 0, len(DATA))
-        assert store.direct_gets == 2  # both attempts went direct and both were refused
+        assert store.direct_requests == 2  # both attempts went direct and both were refused
 
 
 async def test_throttling_is_retried_and_access_errors_are_not(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -101,7 +103,7 @@ async def test_throttling_is_retried_and_access_errors_are_not(proxied: S3Provid
     with pytest.raises(StorageAccessError, match="AccessDenied"):
         await store.get_range(KEY, 0, 100)
     assert proxy.count("GET") - gets == 1
-    assert store.direct_gets == 3
+    assert store.direct_requests == 3
 
 
 async def test_a_truncated_reply_is_retried_then_unavailable(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -111,7 +113,7 @@ async def test_a_truncated_reply_is_retried_then_unavailable(proxied: S3Provider
     with pytest.raises(StorageUnavailableError):
         await store.get_range(KEY, 0, len(DATA))
     assert proxy.count("GET") - gets == 3
-    assert store.direct_gets == 3
+    assert store.direct_requests == 3
 
 
 async def test_a_400_hands_the_read_back_to_the_client_for_good(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -120,12 +122,14 @@ async def test_a_400_hands_the_read_back_to_the_client_for_good(proxied: S3Provi
     proxy.fail(FaultRule("GET", 400, "AuthorizationHeaderMalformed", times=1))
     assert await store.get_range(KEY, 3, 30) == DATA[3:33]
     assert await store.get_range(KEY, 0, 5) == DATA[:5]
-    assert store.direct_gets == 1  # the refused one; the client made both reads
+    await store.put(KEY + "-later", b"later")
+    assert store.direct_requests == 1  # the refused one; the client made both reads and the put
 
 
 def test_a_url_that_is_not_the_quoted_key_is_not_learned() -> None:
     class Meta:
         region_name = "us-east-1"
+        config = None
 
     class Endpoint:
         http_session = object()
@@ -136,11 +140,11 @@ def test_a_url_that_is_not_the_quoted_key_is_not_learned() -> None:
 
     credentials = object()
     key = "a b/c"
-    assert DirectGets.learn(Client(), credentials, key, "http://h/bucket/a%20b/c") is not None
-    assert DirectGets.learn(Client(), credentials, key, "http://h/bucket/a%20b/c?x-id=GetObject") is None
-    assert DirectGets.learn(Client(), credentials, key, "http://h/bucket/a b/c") is None
-    assert DirectGets.learn(Client(), credentials, key, None) is None
-    assert DirectGets.learn(Client(), None, key, "http://h/bucket/a%20b/c") is None
+    assert DirectRequests.learn(Client(), credentials, key, "http://h/bucket/a%20b/c") is not None
+    assert DirectRequests.learn(Client(), credentials, key, "http://h/bucket/a%20b/c?x-id=GetObject") is None
+    assert DirectRequests.learn(Client(), credentials, key, "http://h/bucket/a b/c") is None
+    assert DirectRequests.learn(Client(), credentials, key, None) is None
+    assert DirectRequests.learn(Client(), None, key, "http://h/bucket/a%20b/c") is None
 
 
 async def test_a_provider_used_again_after_close_learns_on_its_new_client(
@@ -148,9 +152,70 @@ async def test_a_provider_used_again_after_close_learns_on_its_new_client(
 ) -> None:
     provider = S3Provider(s3_bucket_url, **s3_options)
     store = await learned(provider)
-    assert await store.get_range(KEY, 1, 5) == DATA[1:6]
-    await provider.close()  # closes the client whose connections the direct GETs used
+    await provider.close()  # closes the client whose connections the direct requests used
     assert await store.get_range(KEY, 2, 5) == DATA[2:7]  # the new client's first GET
     assert await store.get_range(KEY, 3, 5) == DATA[3:8]
-    assert store.direct_gets == 2
+    assert store.direct_requests == 1
     await provider.close()
+
+
+@pytest.mark.parametrize(
+    "encryption", [{"sse": "AES256"}, {"sse": "aws:kms", "sse_kms_key_id": "alias/tieredstore"}], ids=["s3", "kms"]
+)
+async def test_puts_go_direct_with_their_checksum_condition_and_encryption(
+    s3_server: S3Server, s3_bucket: str, s3_options: dict[str, Any], encryption: dict[str, str]
+) -> None:
+    async with S3Provider(f"s3://{s3_bucket}/odd prefix ü", **s3_options, **encryption) as provider:
+        store = await learned(provider)
+        later = DATA[::-1]
+        await store.put(KEY + "-2", later)
+        assert not await store.put_if_absent(KEY + "-2", b"other bytes")  # 412: what is there stays
+        assert await store.put_if_absent(KEY + "-3", b"new")
+        assert store.direct_requests == 3
+        client = s3_server.client()
+        head = client.head_object(Bucket=s3_bucket, Key=f"odd prefix ü/{KEY}-2", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC32"] == base64.b64encode(zlib.crc32(later).to_bytes(4, "big")).decode()
+        assert head["ServerSideEncryption"] == encryption["sse"]
+        assert head.get("SSEKMSKeyId") == encryption.get("sse_kms_key_id")
+        assert client.get_object(Bucket=s3_bucket, Key=f"odd prefix ü/{KEY}-2")["Body"].read() == later
+        assert client.get_object(Bucket=s3_bucket, Key=f"odd prefix ü/{KEY}-3")["Body"].read() == b"new"
+
+
+async def test_a_failed_direct_put_is_retried_and_a_400_falls_back_to_the_client(
+    proxied: S3Provider, proxy: FaultProxy
+) -> None:
+    store = await learned(proxied)
+    proxy.fail(FaultRule("PUT", 503, "SlowDown", times=1))
+    puts = proxy.count("PUT")
+    await store.put(KEY + "-2", b"second")
+    assert proxy.count("PUT") - puts == 2
+    proxy.fail(FaultRule("PUT", 400, "AuthorizationHeaderMalformed", times=1))
+    await store.put(KEY + "-3", b"third")
+    assert proxy.count("PUT") - puts == 4
+    assert store.direct_requests == 3  # the client made the last PUT
+    assert await store.get_range(KEY + "-3", 0, 5) == b"third"
+    assert await store.get_range(KEY + "-2", 0, 6) == b"second"
+
+
+async def test_a_put_damaged_on_the_way_carries_the_crc32_of_the_bytes_sent(
+    proxied: S3Provider, proxy: FaultProxy
+) -> None:
+    store = await learned(proxied)
+    proxy.damage = frozenset({"PUT"})
+    # S3 refuses such a PUT (BadDigest); moto keeps it with the CRC32 it was given, which the read then rejects.
+    await store.put(KEY + "-2", DATA)
+    proxy.damage = frozenset()
+    with pytest.raises(StorageUnavailableError, match="stored CRC32 checksum"):
+        await store.get_range(KEY + "-2", 0, len(DATA))
+    assert store.direct_requests == 1 + 3
+
+
+async def test_a_400_the_client_gets_too_is_its_error_and_the_direct_path_stays(
+    proxied: S3Provider, proxy: FaultProxy
+) -> None:
+    store = await learned(proxied)
+    proxy.fail(FaultRule("GET", 400, "InvalidArgument", times=2))
+    with pytest.raises(StorageError, match="InvalidArgument"):
+        await store.get_range(KEY, 0, 5)
+    assert await store.get_range(KEY, 0, 5) == DATA[:5]
+    assert store.direct_requests == 2
