@@ -36,7 +36,7 @@ from urllib.parse import quote
 import botocore.exceptions
 import urllib3.exceptions
 from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest
 
 __all__ = ["DirectRequestUnusable", "DirectRequests", "capture_sent_url", "last_sent_url"]
 
@@ -98,14 +98,22 @@ class DirectRequests:
         """Store ``data`` at ``key`` with ``headers`` (checksum, conditions, encryption)."""
         self._send("PUT", key, dict(headers), data)
 
+    def signed(
+        self, method: str, key: str, headers: dict[str, str], data: bytes | bytearray | None = None
+    ) -> AWSPreparedRequest:
+        """The request for ``key``, signed with SigV4 as the client signs a GetObject or PutObject."""
+        url = self.prefix + "/" + quote(key, safe=_KEY_SAFE)
+        request = AWSRequest(method=method, url=url, data=data, headers=headers)
+        # The client's Config decides whether the payload is signed; like the client's PutObject with a
+        # checksum we supply, a body is signed (SHA-256) unless the Config turns payload signing off.
+        request.context["client_config"] = self.config
+        S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
+        return request.prepare()
+
     def _send(
         self, method: str, key: str, headers: dict[str, str], data: bytes | bytearray | None = None
     ) -> tuple[int, bytes, Mapping[str, str]]:
-        url = self.prefix + "/" + quote(key, safe=_KEY_SAFE)
-        request = AWSRequest(method=method, url=url, data=data, headers=headers)
-        request.context["client_config"] = self.config
-        S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
-        prepared = request.prepare()
+        prepared = self.signed(method, key, headers, data)
         prepared.stream_output = True
         response = self.http.send(prepared)
         raw = response.raw

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import base64
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import botocore.config
+import botocore.session
 import pytest
 
 from tests.fixtures.faultproxy import FaultProxy, FaultRates, FaultRule
 from tests.fixtures.s3 import S3Server
 from tieredstore.errors import SegmentNotFoundError, StorageAccessError, StorageError, StorageUnavailableError
-from tieredstore.providers.s3 import S3ObjectStore, S3Provider
+from tieredstore.providers.s3 import S3ObjectStore, S3Provider, _checksum_arguments, _put_headers
 from tieredstore.providers.s3_direct import DirectRequests
 
 FAST_RETRIES = {"retry_initial_delay": 0.001, "retry_max_delay": 0.01}
@@ -219,3 +221,53 @@ async def test_a_400_the_client_gets_too_is_its_error_and_the_direct_path_stays(
         await store.get_range(KEY, 0, 5)
     assert await store.get_range(KEY, 0, 5) == DATA[:5]
     assert store.direct_requests == 2
+
+
+class _Captured(Exception):
+    """Raised at ``before-send`` to keep what the client would have sent, without a server."""
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("payload_signing", [None, True, False], ids=["default", "signed", "unsigned"])
+def test_direct_requests_are_signed_as_the_client_signs_them(scheme: str, payload_signing: bool | None) -> None:
+    """Same payload hash (SHA-256 or UNSIGNED-PAYLOAD) and signed headers as botocore's own GET and PUT."""
+    s3_config: dict[str, Any] = {"addressing_style": "path"}
+    if payload_signing is not None:
+        s3_config["payload_signing_enabled"] = payload_signing
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=f"{scheme}://127.0.0.1:9",
+        region_name="us-east-1",
+        aws_access_key_id="key",
+        aws_secret_access_key="secret",
+        config=botocore.config.Config(s3=s3_config),
+    )
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        sent.append((request.url, dict(request.headers)))
+        raise _Captured
+
+    client.meta.events.register("before-send.s3", capture)
+    checksum = _checksum_arguments(base64.b64encode(zlib.crc32(DATA).to_bytes(4, "big")).decode())
+    with pytest.raises(_Captured):
+        client.put_object(Bucket="bucket", Key=KEY, Body=DATA, **checksum)
+    with pytest.raises(_Captured):
+        client.get_object(Bucket="bucket", Key=KEY, Range="bytes=0-9", ChecksumMode="ENABLED")
+    (put_url, put_sent), (_, get_sent) = sent
+    direct = DirectRequests.learn(client, client._request_signer._credentials, KEY, put_url)
+    assert direct is not None
+    put = direct.signed("PUT", KEY, _put_headers(checksum), DATA).headers
+    get = direct.signed("GET", KEY, {"Range": "bytes=0-9", "x-amz-checksum-mode": "ENABLED"}).headers
+
+    def signature_inputs(headers: Mapping[str, Any]) -> tuple[str, str]:
+        payload, authorization = (
+            value.decode() if isinstance(value, bytes) else value
+            for value in (headers["X-Amz-Content-SHA256"], headers["Authorization"])
+        )
+        return payload, authorization.split("SignedHeaders=")[1].split(",")[0]
+
+    assert signature_inputs(put) == signature_inputs(put_sent)
+    assert signature_inputs(get) == signature_inputs(get_sent)
+    if scheme == "http" or payload_signing is not None:
+        assert (signature_inputs(put)[0] == "UNSIGNED-PAYLOAD") == (payload_signing is False)
