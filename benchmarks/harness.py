@@ -316,9 +316,10 @@ def stopwatch() -> Iterator[Callable[[], float]]:
         end = time.perf_counter()
 
 
-def command_for(name: str, *, quick: bool) -> str:
-    """The exact command that reproduces one benchmark's result."""
-    return f"python -m benchmarks run {name}" + (" --quick" if quick else "")
+def command_for(name: str, *, quick: bool, rounds: int | None = None) -> str:
+    """The exact command that reproduces one benchmark's result (``rounds``: an overridden round count)."""
+    flags = (" --quick" if quick else "") + (f" --rounds {rounds}" if rounds else "")
+    return f"python -m benchmarks run {name}{flags}"
 
 
 def result_path(out_dir: Path, name: str, *, quick: bool, started: datetime) -> Path:
@@ -350,7 +351,7 @@ def run_one(bench: Benchmark, *, quick: bool, out_dir: Path, rounds: int | None 
         "title": bench.title,
         "issue": bench.issue,
         "summary": bench.summary,
-        "command": command_for(bench.name, quick=quick),
+        "command": command_for(bench.name, quick=quick, rounds=rounds),
         "quick": quick,
         "rounds": round_count,
         "status": status,

@@ -123,6 +123,14 @@ def test_result_document_is_saved_with_machine_facts_and_command(trivial: list[s
     assert document["path"] == str(saved[0])
 
 
+def test_an_overridden_round_count_is_part_of_the_recorded_command(trivial: list[str], tmp_path: Path) -> None:
+    document = run_one(_trivial_benchmark(), quick=False, out_dir=tmp_path, rounds=2)  # type: ignore[arg-type]
+
+    assert trivial == ["baseline", "ours"] * 4
+    assert document["rounds"] == 2
+    assert document["command"] == "python -m benchmarks run trivial_for_test --rounds 2"
+
+
 def test_a_failing_benchmark_is_recorded_not_raised(tmp_path: Path) -> None:
     @benchmark("broken_for_test", title="Broken", issue=None, summary="Raises.")
     def run(ctx: BenchmarkContext) -> None:
