@@ -4,8 +4,8 @@ A botocore client call does much besides its request: it resolves the endpoint f
 serializes the parameters, fires a dozen events, builds the user agent and parses every response
 header (dates with dateutil). Measured on moto, a GET of a 3.6 MB chunk object costs 3.2 ms of CPU
 through ``get_object`` and 1.6 ms sent this way; a read-ahead window, a restore step and a Spark split
-are each one such GET, and every commit is one or two PUTs, so that machinery was half of what a
-cold read spent on its GETs.
+are each one such GET, so that machinery was half of what a cold read spent on its GETs. Every
+archiver commit is one or two PUTs, which pay the same machinery.
 
 ``DirectRequests.learn`` takes, from one GET or PUT the client made, the URL it sent (captured by
 ``capture_sent_url`` at ``before-send``), and keeps the part before the key when the rest is exactly
@@ -96,10 +96,10 @@ class DirectRequests:
 
     def put(self, key: str, data: bytes | bytearray, headers: Mapping[str, str]) -> None:
         """Store ``data`` at ``key`` with ``headers`` (checksum, conditions, encryption)."""
-        self._send("PUT", key, dict(headers), data)
+        self._send("PUT", key, headers, data)
 
     def signed(
-        self, method: str, key: str, headers: dict[str, str], data: bytes | bytearray | None = None
+        self, method: str, key: str, headers: Mapping[str, str], data: bytes | bytearray | None = None
     ) -> AWSPreparedRequest:
         """The request for ``key``, signed with SigV4 as the client signs a GetObject or PutObject."""
         url = self.prefix + "/" + quote(key, safe=_KEY_SAFE)
@@ -111,7 +111,7 @@ class DirectRequests:
         return request.prepare()
 
     def _send(
-        self, method: str, key: str, headers: dict[str, str], data: bytes | bytearray | None = None
+        self, method: str, key: str, headers: Mapping[str, str], data: bytes | bytearray | None = None
     ) -> tuple[int, bytes, Mapping[str, str]]:
         prepared = self.signed(method, key, headers, data)
         prepared.stream_output = True
