@@ -127,6 +127,9 @@ Boundary = Literal["lower", "upper"]
 CACHE_BYPASS_RATIO = 0.8
 IN_MEMORY_RATIO = 0.4
 _HEAD = struct.Struct(">iI")
+# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
+# (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
+_PREFETCH_YIELD_INTERVAL = 0.001
 # What a failed tier raises when another tier may still serve the offset.
 _TIER_FAILURES = (StorageError, IntegrityError, NotFoundError)
 
@@ -670,6 +673,7 @@ class MessageFetcher:
         self._prefetches: dict[tuple[str, int], _Prefetch] = {}
         self._prefetch_bytes = 0
         self._in_flight = 0  # prefetches still reading
+        self._last_yield = 0.0  # when a call last gave the event loop a turn for them (time.monotonic)
         self._window_ends: dict[tuple[str, int], int] = {}  # per queue, where the last window read ended
         self._follows: dict[tuple[str, int], _Follow] = {}  # per queue, where the next record lies
         self._closed = False
@@ -730,7 +734,7 @@ class MessageFetcher:
             if flat_file is not None:
                 known = True
                 cold_min, cold_max = flat_file.min_offset, flat_file.archived_offset
-                cold_lost = tuple(flat_file.lost_ranges)
+                cold_lost = flat_file.consume_queue.queue_runs().lost
         ranges = [(start, end) for start, end in ((hot_min, hot_max), (cold_min, cold_max)) if start < end]
         if ranges:
             min_offset, max_offset = min(s for s, _ in ranges), max(e for _, e in ranges)
@@ -763,8 +767,13 @@ class MessageFetcher:
         if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
             raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
         if self._in_flight:
-            # Served from the cache, a call never waits; let the prefetches in flight take in their data.
-            await asyncio.sleep(0)
+            # Served from the cache, a call never waits: now and then, let the prefetches in flight take in
+            # their data. Not on every call: a loop turn costs more than serving 32 cached messages, and the
+            # S3 and POSIX providers read in worker threads, which need no turn until the read is done.
+            now = time.monotonic()
+            if now - self._last_yield >= _PREFETCH_YIELD_INTERVAL:
+                self._last_yield = now
+                await asyncio.sleep(0)
         try:
             return await self._get_messages(topic, queue_id, offset, max_count, message_filter)
         except SegmentNotFoundError:
@@ -987,8 +996,11 @@ class MessageFetcher:
             # Read ahead for a reader going through the queue (its first window, or one following the last),
             # not for one jumping about, whose next window would be read for nothing.
             key = (flat_file.topic, flat_file.queue_id)
-            if self._window_ends.get(key, offset) == offset:
-                self._start_prefetch(flat_file, batch.end_offset, run_end, len(batch.data))
+            if self._window_ends.get(key, offset) == offset and self._start_prefetch(
+                flat_file, batch.end_offset, run_end, len(batch.data)
+            ):
+                # One loop turn lets the prefetch send its request before this window is served.
+                await asyncio.sleep(0)
             self._window_ends[key] = batch.end_offset
         return batch
 
@@ -1082,8 +1094,9 @@ class MessageFetcher:
 
     # ---- prefetching the next window ------------------------------------------------------------------
 
-    def _start_prefetch(self, flat_file: FlatMessageFile, offset: int, run_end: int, expected_bytes: int) -> None:
-        """Start reading the window at ``offset`` in the background, if it exists and the byte budget allows.
+    def _start_prefetch(self, flat_file: FlatMessageFile, offset: int, run_end: int, expected_bytes: int) -> bool:
+        """Start reading the window at ``offset`` in the background, if it exists and the byte budget allows
+        (whether it started).
 
         At most one window per queue is in flight or held, and the bytes of all of them (each estimated
         by the window before it) plus the cache's stay within the cache's bypass threshold. A prefetch
@@ -1091,20 +1104,21 @@ class MessageFetcher:
         """
         key = (flat_file.topic, flat_file.queue_id)
         if offset >= run_end or key in self._prefetches or self._closed:
-            return
+            return False
         now = self.cache.clock()
         for stale_key, stale in list(self._prefetches.items()):
             if now - stale.started > self.settings.read_ahead_ttl:
                 self._forget_prefetch(stale_key)
         budget = CACHE_BYPASS_RATIO * self.cache.max_bytes
         if self.cache.size_bytes + self._prefetch_bytes + expected_bytes > budget:
-            return
+            return False
         count = min(self.settings.read_ahead_count, run_end - offset)
         task = asyncio.create_task(self._read_records(flat_file, offset, count))
         self._in_flight += 1
         task.add_done_callback(self._prefetch_done)
         self._prefetches[key] = _Prefetch(offset, expected_bytes, now, task)
         self._prefetch_bytes += expected_bytes
+        return True
 
     async def _take_prefetch(self, flat_file: FlatMessageFile, offset: int) -> ReadAheadBatch | None:
         """The window prefetched for ``offset`` (waiting for it; its read error is raised here), else None.

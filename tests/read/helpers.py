@@ -31,11 +31,13 @@ class ReadLog:
     """Every provider read, by file type, a switch that makes reads fail (a cold outage), and a gate.
 
     While ``gate`` is an unset event, every read waits for it (a slow store, to catch reads in flight).
+    ``spared`` reads are let through first (a window's read passes, the prefetch its call starts does not).
     """
 
     reads: list[tuple[FileType, str, int, int]] = field(default_factory=list)
     failing: bool = False
     gate: asyncio.Event | None = None
+    spared: int = 0
 
     def count(self, file_type: FileType | None = None) -> int:
         return sum(1 for read in self.reads if file_type is None or read[0] is file_type)
@@ -50,10 +52,13 @@ class CountingSegment(FaultySegment):
     async def _observe(self, position: int, length: int) -> None:
         from tieredstore.errors import StorageUnavailableError
 
-        if self.log.gate is not None:
-            await self.log.gate.wait()
-        if self.log.failing:
-            raise StorageUnavailableError(f"{self.key}: injected read outage")
+        if self.log.spared > 0:
+            self.log.spared -= 1
+        else:
+            if self.log.gate is not None:
+                await self.log.gate.wait()
+            if self.log.failing:
+                raise StorageUnavailableError(f"{self.key}: injected read outage")
         self.log.reads.append((self.file_type, self.key, position, length))
 
     async def _read(self, position: int, length: int) -> bytes:

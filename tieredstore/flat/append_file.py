@@ -25,6 +25,7 @@ import bisect
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,15 @@ RECOVERABLE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED, SegmentStatus.D
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRuns:
+    """``FlatAppendFile.held``'s answer: committed byte runs and the holes between them, with what they came from."""
+
+    key: tuple[object, ...] = field(repr=False)
+    runs: tuple[tuple[int, int], ...]
+    holes: tuple[tuple[int, int], ...]
 
 
 class FlatAppendFile:
@@ -71,8 +81,9 @@ class FlatAppendFile:
         self._initial_offset = initial_offset
         self._recorded_sizes: dict[int, int] = {}
         self.read_only = False
-        # held_ranges' answer and what it was computed from (see _held_key): readers ask on every call.
-        self._held_memo: tuple[tuple[object, ...], list[tuple[int, int]]] | None = None
+        # held_ranges' and holes' answers and what they were computed from (see _held_key): readers ask on
+        # every call.
+        self._held_memo: HeldRuns | None = None
 
     def __repr__(self) -> str:
         return (
@@ -124,20 +135,27 @@ class FlatAppendFile:
         last = segments[-1]
         return (segments, len(segments), segments[0], last, last.commit_position)
 
-    def held_ranges(self) -> list[tuple[int, int]]:
-        """The committed bytes as [start, end) runs: one run unless the file has holes.
+    def held(self) -> HeldRuns:
+        """The committed bytes as [start, end) runs and the holes between them, as last computed.
 
         Remembered until the segments change, so a reader asking on every call does not walk a long
-        queue's hundreds of segments each time.
+        queue's hundreds of segments each time. The same object comes back while nothing changed, so a
+        caller may remember what it derives from it by its identity.
         """
         key = self._held_key()
         memo = self._held_memo
         # The list by identity (a list compares by contents); segments have no __eq__, so compare as themselves.
-        if memo is not None and memo[0][0] is key[0] and memo[0][1:] == key[1:]:
-            return list(memo[1])
-        runs = self._walk_held_ranges()
-        self._held_memo = (key, runs)
-        return list(runs)
+        if memo is not None and memo.key[0] is key[0] and memo.key[1:] == key[1:]:
+            return memo
+        runs = tuple(self._walk_held_ranges())
+        memo = self._held_memo = HeldRuns(
+            key, runs, tuple((previous[1], current[0]) for previous, current in itertools.pairwise(runs))
+        )
+        return memo
+
+    def held_ranges(self) -> list[tuple[int, int]]:
+        """The committed bytes as [start, end) runs: one run unless the file has holes."""
+        return list(self.held().runs)
 
     def _walk_held_ranges(self) -> list[tuple[int, int]]:
         runs: list[tuple[int, int]] = []
@@ -151,8 +169,7 @@ class FlatAppendFile:
 
     def holes(self) -> list[tuple[int, int]]:
         """The [start, end) byte ranges between segments that no segment holds."""
-        runs = self.held_ranges()
-        return [(previous[1], current[0]) for previous, current in itertools.pairwise(runs)]
+        return list(self.held().holes)
 
     def _follows_hole(self, index: int) -> bool:
         if index <= 0:

@@ -15,9 +15,10 @@ import bisect
 import enum
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
 from tieredstore.errors import CorruptRecordError, ValidationError
-from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
+from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns, wall_clock_ms
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, QueueKey
@@ -31,6 +32,13 @@ class BoundaryType(enum.StrEnum):
 
     LOWER = "LOWER"
     UPPER = "UPPER"
+
+
+class QueueRuns(NamedTuple):
+    """A consume queue's archived queue offsets as [start, end) runs, and the runs lost between them."""
+
+    held: tuple[tuple[int, int], ...]
+    lost: tuple[tuple[int, int], ...]
 
 
 class HeldOffsets:
@@ -78,6 +86,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
             clock=clock,
             queue=queue,
         )
+        self._queue_runs: tuple[HeldRuns, QueueRuns] | None = None
 
     @property
     def min_queue_offset(self) -> int:
@@ -99,13 +108,25 @@ class FlatConsumeQueueFile(FlatAppendFile):
     def queue_offset_of(position: int) -> int:
         return position // UNIT_SIZE
 
+    def queue_runs(self) -> QueueRuns:
+        """``held_runs`` and ``lost_runs`` as tuples, remembered until the segments change (readers ask each call)."""
+        held = self.held()
+        memo = self._queue_runs
+        if memo is None or memo[0] is not held:
+            runs = QueueRuns(
+                tuple((start // UNIT_SIZE, end // UNIT_SIZE) for start, end in held.runs if end > start),
+                tuple((start // UNIT_SIZE, end // UNIT_SIZE) for start, end in held.holes),
+            )
+            memo = self._queue_runs = (held, runs)
+        return memo[1]
+
     def held_runs(self) -> list[tuple[int, int]]:
         """Archived queue offsets as [start, end) runs; more than one only when offsets were lost."""
-        return [(start // UNIT_SIZE, end // UNIT_SIZE) for start, end in self.held_ranges() if end > start]
+        return list(self.queue_runs().held)
 
     def lost_runs(self) -> list[tuple[int, int]]:
         """The [start, end) queue offsets between the min and the commit offset that were never archived."""
-        return [(start // UNIT_SIZE, end // UNIT_SIZE) for start, end in self.holes()]
+        return list(self.queue_runs().lost)
 
     def reset_initial_queue_offset(self, queue_offset: int) -> None:
         self.reset_initial_offset(queue_offset * UNIT_SIZE)

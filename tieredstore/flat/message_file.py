@@ -300,14 +300,14 @@ class FlatMessageFile:
 
     def next_archived_offset(self, queue_offset: int) -> int:
         """``queue_offset`` if it is archived or at/above the archived offset, else the first archived one after it."""
-        for start, end in self.archived_runs:
+        for start, end in self.consume_queue.queue_runs().held:
             if queue_offset < end:
                 return max(queue_offset, start)
         return max(queue_offset, self.archived_offset)
 
     def archived_run_end(self, queue_offset: int) -> int:
         """One past the last offset of the archived run holding ``queue_offset`` (where a read of it stops)."""
-        for start, end in self.archived_runs:
+        for start, end in self.consume_queue.queue_runs().held:
             if start <= queue_offset < end:
                 return end
         raise NotFoundError(f"queue {self.topic}/{self.queue_id}: offset {queue_offset} is not archived")
