@@ -17,6 +17,7 @@ from tieredstore.index.format import (
     IndexItem,
     encode_unsealed_item,
     key_hash,
+    slot_of,
     unsealed_item_position,
     unsealed_slot_position,
 )
@@ -184,6 +185,26 @@ async def test_compacted_file_answers_like_the_sealed_one_with_two_reads(tmp_pat
         provider.reads.clear()
         assert await lookup_segment(segment, header, key_hash("T", key)) == expected[key]
         assert len(provider.reads) == 2
+
+
+async def test_an_uploaded_lookup_reads_the_slot_then_its_items_and_stops_at_an_empty_slot(tmp_path: Path) -> None:
+    """Two ranged reads where the key's slot holds items; one where it is empty (there is nothing to read)."""
+    with _new(tmp_path / "a.index", slot_count=64, max_items=10) as index_file:
+        index_file.put(_item("present", 7))
+        index_file.seal()
+    header = compact_file(tmp_path / "a.index", tmp_path / "a.compacted")
+    provider = CountingProvider()
+    segment = provider.segment(FileType.INDEX, "c/b/rmq_sys_INDEX/0", 1)
+    segment.append((tmp_path / "a.compacted").read_bytes())
+    await segment.commit()
+    used = slot_of(key_hash("T", "present"), 64)
+    absent = next(key for key in (f"absent-{n}" for n in range(100)) if slot_of(key_hash("T", key), 64) != used)
+    provider.reads.clear()
+    assert [item.queue_offset for item in await lookup_segment(segment, header, key_hash("T", "present"))] == [7]
+    assert len(provider.reads) == 2
+    provider.reads.clear()
+    assert await lookup_segment(segment, header, key_hash("T", absent)) == []
+    assert len(provider.reads) == 1
 
 
 async def test_segment_shorter_than_catalogued_is_an_integrity_error(tmp_path: Path) -> None:
