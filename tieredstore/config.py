@@ -136,6 +136,16 @@ class ReadSettings(_Section):
     read_ahead_size: int = Field(default=16 * MIB, ge=1)
     read_ahead_cache_bytes: int = Field(default=256 * MIB, ge=0)
     read_ahead_ttl: float = Field(default=15.0, gt=0)
+    prefetch_handoff: float = Field(
+        default=0.001,
+        ge=0,
+        le=0.1,
+        description=(
+            "seconds a reader that has just started a prefetch lets the event loop wait, so the provider's worker "
+            "thread gets the GIL and sends its request before the reader is served from the window it has "
+            "(0: one loop turn only)"
+        ),
+    )
 
 
 class IndexSettings(_Section):

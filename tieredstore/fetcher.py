@@ -999,8 +999,10 @@ class MessageFetcher:
             if self._window_ends.get(key, offset) == offset and self._start_prefetch(
                 flat_file, batch.end_offset, run_end, len(batch.data)
             ):
-                # One loop turn lets the prefetch send its request before this window is served.
-                await asyncio.sleep(0)
+                # The prefetch task sends its request now, not when this window has been served: one loop turn
+                # runs it up to handing the read to a worker thread, and the wait lets that thread take the GIL
+                # and send (serving this window holds the GIL; the thread would wait until it is served).
+                await asyncio.sleep(self.settings.prefetch_handoff)
             self._window_ends[key] = batch.end_offset
         return batch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,17 +31,26 @@ BODY = 200
 
 @asynccontextmanager
 async def _store(
-    tmp_path: Path, reads: ReadLog, records: int, *, cache_records: int | None = None
+    tmp_path: Path,
+    reads: ReadLog,
+    records: int,
+    *,
+    cache_records: int | None = None,
+    posix: bool = False,
+    handoff: float | None = None,
 ) -> AsyncIterator[tuple[AsyncTieredMessageStore, FlatMessageFile, str]]:
     """A cold-only store holding ``records`` messages of queue 0, windows of 100, the read log cleared.
 
     ``cache_records``: a read-ahead cache with room for that many records (default: the default bound).
+    ``posix``: cold storage is a directory (read in worker threads), not the memory provider.
     """
-    url = f"memory://prefetch-{tmp_path.name}"
-    read: dict[str, int] = {"read_ahead_count": WINDOW}
+    url = str(tmp_path / "cold") if posix else f"memory://prefetch-{tmp_path.name}"
+    read: dict[str, float] = {"read_ahead_count": WINDOW}
     if cache_records is not None:
         read["read_ahead_cache_bytes"] = cache_records * len(make_record(TOPIC, 0, 0, body=bytes(BODY)))
-    config = config_for_backend(tmp_path, ProviderBackend("memory", url), read=read)
+    if handoff is not None:
+        read["prefetch_handoff"] = handoff
+    config = config_for_backend(tmp_path, ProviderBackend("posix" if posix else "memory", url), read=read)
     async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         encoded = [make_record(TOPIC, 0, n, body=bytes([n % 251]) * BODY) for n in range(records)]
         flat_file = await append_records(store.runtime, TOPIC, 0, encoded, index=False)
@@ -112,6 +122,26 @@ async def test_the_next_window_is_read_in_the_background_and_reads_stay_one_per_
             assert _value(metrics.cache_misses) == 4
             # not hits: what each miss served from its window (10 at 0, 32 at 100, 28 at 200, 24 at 300)
             assert _value(metrics.cache_hits) == 350 - (10 + 32 + 28 + 24)
+
+
+async def test_a_reader_starting_a_prefetch_lets_the_worker_thread_read_before_it_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POSIX reads run in worker threads, which need the GIL that serving the window holds: the call that
+    starts a prefetch waits ``prefetch_handoff`` on the event loop so that the read happens then."""
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 350, posix=True, handoff=0.1) as (store, _flat_file, _url):
+            started = time.monotonic()
+            first = await store.get_messages(TOPIC, 0, 0, 10)
+            assert time.monotonic() - started >= 0.1
+            assert [m.queue_offset for m in first.messages] == list(range(10))
+            (prefetch,) = store.fetcher._prefetches.values()
+            assert prefetch.task.done()  # read, split and checked while the reader waited
+            assert await _consume(store, 10, 100) == list(range(10, 100))
+            reads.clear()
+            crossing = await store.get_messages(TOPIC, 0, 100, 32)
+            assert [m.queue_offset for m in crossing.messages] == list(range(100, 132))
+            assert reads.count(FileType.COMMIT_LOG) == 1  # the window after it, prefetched in turn
 
 
 async def test_prefetching_stays_within_the_cache_bypass_threshold(
