@@ -118,3 +118,18 @@ async def test_a_failing_cold_read_falls_back_to_the_hot_store_when_it_still_has
             await store.get_messages(TOPIC, 0, 0, 5)
         reads.failing = False
         assert await _tiers(store, 0, 5) == ["cold"] * 5
+
+
+async def test_a_reader_going_on_in_cold_storage_sees_the_hot_store_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls going on inside a cold window answer with the queue's offsets as they are now."""
+    async with three_ranges(tmp_path, monkeypatch) as (store, _reads, _low):
+        for reader in (store, _with_policy(store, ReadPolicy.FORCE)):
+            max_offset = await store.get_max_offset(TOPIC, 0)
+            first = await reader.get_messages(TOPIC, 0, 0, 10)
+            assert (first.max_offset, [m.tier for m in first.messages]) == (max_offset, ["cold"] * 10)
+            await store.put_message(TOPIC, 0, b"new" * 100)
+            second = await reader.get_messages(TOPIC, 0, 10, 10)
+            assert [(m.queue_offset, m.tier) for m in second.messages] == [(n, "cold") for n in range(10, 20)]
+            assert second.max_offset == max_offset + 1

@@ -144,6 +144,63 @@ async def test_a_reader_starting_a_prefetch_lets_the_worker_thread_read_before_i
             assert reads.count(FileType.COMMIT_LOG) == 1  # the window after it, prefetched in turn
 
 
+async def test_a_reader_going_on_inside_a_window_gets_what_working_each_call_out_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls that go on from where the last one ended are served from its window directly; every answer
+    (status, next offset, min and max, each message's offset, tier and bytes) is the one the full path gives."""
+    chooser = random.Random(7)
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 450) as (store, _flat_file, _url):
+            asked: list[tuple[int, int]] = []
+            answers = []
+            offset = 0
+            while True:
+                count = chooser.choice([1, 7, 32, 32, 32, 50, 99])
+                result = await store.get_messages(TOPIC, 0, offset, count)
+                asked.append((offset, count))
+                answers.append(result)
+                if result.status is not GetMessageStatus.FOUND:
+                    break
+                offset = result.next_begin_offset
+            assert offset == 450 and answers[-1].status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+            # each window was read once (450 records, windows of 100): going on from a window reads nothing
+            await store.fetcher.wait_for_prefetches()
+            assert reads.count(FileType.COMMIT_LOG) == 5 and reads.count(FileType.CONSUME_QUEUE) == 0
+            for (at, count), answer in zip(asked, answers, strict=True):
+                full = await store.fetcher._get_messages(TOPIC, 0, at, count, None)
+                assert (full.status, full.next_begin_offset, full.min_offset, full.max_offset) == (
+                    answer.status,
+                    answer.next_begin_offset,
+                    answer.min_offset,
+                    answer.max_offset,
+                )
+                assert [(m.queue_offset, m.tier, m.raw) for m in full.messages] == [
+                    (m.queue_offset, m.tier, m.raw) for m in answer.messages
+                ]
+
+
+async def test_a_reader_going_on_inside_a_window_sees_what_was_archived_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer served from the window carries the queue's offsets as they are now, not as they were."""
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 50) as (store, _flat_file, _url):
+            first = await store.get_messages(TOPIC, 0, 0, 10)
+            assert (first.status, first.max_offset) == (GetMessageStatus.FOUND, 50)
+            more = [make_record(TOPIC, 0, n, body=bytes([n % 251]) * BODY) for n in range(50, 80)]
+            await append_records(store.runtime, TOPIC, 0, more, index=False)
+            second = await store.get_messages(TOPIC, 0, 10, 10)
+            assert [m.queue_offset for m in second.messages] == list(range(10, 20))
+            assert second.max_offset == 80
+            # and a window the cache dropped is read again, not served from where the reader was
+            store.fetcher.cache.clear()
+            reads.clear()
+            third = await store.get_messages(TOPIC, 0, 20, 10)
+            assert [m.queue_offset for m in third.messages] == list(range(20, 30))
+            assert reads.count(FileType.COMMIT_LOG) == 1
+
+
 async def test_prefetching_stays_within_the_cache_bypass_threshold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
