@@ -761,6 +761,7 @@ class MessageFetcher:
             await view.refresh()
         except NotFoundError:
             del self._views[(topic, queue_id)]
+            self._continuations.pop((topic, queue_id), None)  # nor keep the view alive through it
         return True
 
     async def offsets(self, topic: str, queue_id: int) -> QueueOffsets:
