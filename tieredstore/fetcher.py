@@ -754,6 +754,7 @@ class MessageFetcher:
 
         A queue deleted since (its topic was removed) loses its view, so it reads as unknown.
         """
+        _validate_queue(topic, queue_id)
         view = self._views.get((topic, queue_id))
         if view is None:
             return False
@@ -857,6 +858,8 @@ class MessageFetcher:
         A consumer asks for the next 32 messages ~128 times per 4,096-message window; working out the
         queue's offsets, the tier and the cached run each time cost as much as serving the messages.
         """
+        if type(topic) is not str or type(queue_id) is not int:
+            return None  # not a queue a continuation was left for; the full path names what is wrong
         continuation = self._continuations.get((topic, queue_id))
         if continuation is None or continuation.next_offset != offset:
             return None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.read.helpers import archive_hot, make_config
-from tieredstore.errors import ReadOnlyError
+from tieredstore.errors import InvalidQueueError, InvalidTopicError, ReadOnlyError
 from tieredstore.fetcher import GetMessageStatus
 from tieredstore.formats.naming import FileType, queue_path
 from tieredstore.store import AsyncTieredMessageStore
@@ -57,6 +57,12 @@ async def test_cold_only_store_sees_later_commits_and_never_modifies_cold_storag
             at_end = await reader.get_messages(TOPIC, 0, 50)
             assert at_end.status is GetMessageStatus.OFFSET_OVERFLOW_ONE
             assert cold_listing(cold_dir) == before
+            # A cold-only store looks for later commits before answering a max offset: bad names are still
+            # the typed errors, not whatever a lookup keyed by them raises.
+            with pytest.raises(InvalidTopicError):
+                await reader.get_max_offset([TOPIC], 0)  # type: ignore[arg-type]
+            with pytest.raises(InvalidQueueError):
+                await reader.get_max_offset(TOPIC, [0])  # type: ignore[arg-type]
 
             # The archiver commits more; the reader, at its view's end, sees them.
             for n in range(50, 80):

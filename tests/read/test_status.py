@@ -145,6 +145,12 @@ async def test_bad_arguments_are_validation_errors(tmp_path: Path) -> None:
             await store.get_messages(TOPIC, 0, 0, 0)
         with pytest.raises(ValidationError, match="offset"):
             await store.get_messages(TOPIC, 0, "3", 1)  # type: ignore[arg-type]
+        # Not hashable, after a read that a next call could go on from: still the typed errors.
+        await store.get_messages(TOPIC, 0, 0, 1)
+        with pytest.raises(InvalidTopicError):
+            await store.get_messages([TOPIC], 0, 1)  # type: ignore[arg-type]
+        with pytest.raises(InvalidQueueError):
+            await store.get_messages(TOPIC, [0], 1)  # type: ignore[arg-type]
         # A key query that could only ever answer nothing is a mistake, not an empty result.
         with pytest.raises(ValidationError, match="key must be"):
             await store.query_by_key(TOPIC, "")
