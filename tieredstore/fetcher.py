@@ -733,21 +733,19 @@ class MessageFetcher:
         A queue whose recovery failed is recovered again here (a StorageError if it still fails).
         With ``read_only_cold`` it is the queue's read-only view, opened on first use.
         """
+        loaded = self._loaded_cold_file(topic, queue_id)
+        if loaded is not None:
+            return loaded
         if self.read_only_cold:
-            view = self._views.get((topic, queue_id))
-            if view is None:
-                try:
-                    view = await self.flat.open_read_only(topic, queue_id)
-                except NotFoundError:
-                    return None  # not cached: the archiver may create the queue later
-                self._views[(topic, queue_id)] = view
+            try:
+                view = await self.flat.open_read_only(topic, queue_id)
+            except NotFoundError:
+                return None  # not cached: the archiver may create the queue later
+            self._views[(topic, queue_id)] = view
             return view
-        try:
-            return self.flat.get(topic, queue_id)
-        except NotFoundError:
-            if (topic, queue_id) in self.flat.failed:
-                return await self.flat.get_or_create(topic, queue_id)
-            return None
+        if (topic, queue_id) in self.flat.failed:
+            return await self.flat.get_or_create(topic, queue_id)
+        return None
 
     async def refresh_cold(self, topic: str, queue_id: int) -> bool:
         """Re-read a read-only view's rows (see what another process committed); False if there is none.
@@ -865,7 +863,7 @@ class MessageFetcher:
             return None
         window = continuation.window()
         end = offset + max_count
-        if window is None or end > window.end_offset or offset < window.first_offset:
+        if window is None or end > window.end_offset:
             return None
         view = continuation.view
         if self.read_policy is not ReadPolicy.FORCE and view.hot_min < end and offset < view.hot_max:
