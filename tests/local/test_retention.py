@@ -10,6 +10,8 @@ import pytest
 
 from tieredstore.errors import NotFoundError
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
+from tieredstore.local.commit_log import CommitLog
+from tieredstore.local.mapped_file import MappedFile
 
 from .conftest import abandon, small_config
 
@@ -83,3 +85,25 @@ def test_archived_and_old_files_are_deleted_in_order(tmp_path: Path) -> None:
 
 def test_config_retention_defaults(tmp_path: Path) -> None:
     assert LocalStoreConfig().hot_retention_hours == 72.0
+
+
+def test_min_offsets_move_past_a_file_before_it_is_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another thread (a reader, or an application polling the directory) that sees a commit-log file gone
+    # must not see a min offset that still points into it: CI once caught the old order in between.
+    seen: list[tuple[int, int, int]] = []
+    original = CommitLog.delete_first_file
+
+    def recording_delete(log_: CommitLog) -> MappedFile:
+        file_end = log_.files[0].end_offset
+        min_a = store.min_offset("a", 0)
+        seen.append((file_end, min_a, store.cq_unit("a", 0, min_a).commitlog_offset))
+        return original(log_)
+
+    monkeypatch.setattr(CommitLog, "delete_first_file", recording_delete)
+    with LocalMessageStore(tmp_path, config=small_config(hot_retention_hours=0)) as store:
+        fill(store)
+        report = store.delete_expired(archived_up_to({("a", 0): 100, ("b", 1): 1}))
+        assert len(report.commit_log_files) == len(seen) == 4
+        for file_end, min_a, its_position in seen:
+            assert its_position >= file_end, f"min offset {min_a} still pointed into the file being deleted"
+        assert store.min_offset("b", 1) == 1

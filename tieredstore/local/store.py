@@ -1218,6 +1218,10 @@ class LocalMessageStore:
             if not self._fully_archived(file.end_offset, archived_offset):
                 break
             with self._put_lock, self._flush_lock:
+                # Min offsets move past the file before it goes: a reader that sees it gone never sees a
+                # min offset that still points into it.
+                for queue in self._queues.values():
+                    queue.min_offset = queue.lower_bound(successor.start_offset)
                 log_.delete_first_file()
             removed.append(file.path.name)
         queue_files = 0
