@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from tieredstore.formats.message import (
     MAGIC_BLANK,
     MAGIC_V1,
     MAGIC_V2,
+    MIN_RECORD_SIZE,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     HostAddress,
@@ -311,3 +313,55 @@ def test_hosts_decode_as_the_fixture_documents_them(java_log: bytes) -> None:
     assert first.store_host is second.store_host, "decoded hosts are shared, not rebuilt per record"
     v6 = HostAddress("2001:db8::7", 10911)
     assert HostAddress.decode(v6.encode()) == v6
+
+
+def _walk_record_by_record(buf: bytes, max_count: int) -> list[int]:
+    """What ``split_back_to_back`` must return: the plain walk, one header at a time."""
+    ends, position = [0], 0
+    while len(ends) <= max_count and position + MIN_RECORD_SIZE <= len(buf):
+        size, magic = struct.unpack_from(">iI", buf, position)
+        if size < MIN_RECORD_SIZE or position + size > len(buf) or magic not in (MAGIC_V1, MAGIC_V2):
+            break
+        position += size
+        ends.append(position)
+    return ends
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(st.sampled_from([0, 1, 7, 1024]), min_size=0, max_size=120),
+    runs=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=6),
+    damage_at=st.integers(min_value=0, max_value=10**6),
+    damage=st.sampled_from(["none", "size", "magic", "blank"]),
+    cut=st.integers(min_value=0, max_value=200),
+    max_count=st.integers(min_value=1, max_value=500),
+)
+def test_split_takes_runs_of_one_size_at_once_and_agrees_with_the_plain_walk(
+    bodies: list[int], runs: list[int], damage_at: int, damage: str, cut: int, max_count: int
+) -> None:
+    # Records in runs of equal size (where the split reads ahead in one pass) between others.
+    sizes = [body for body, run in zip(bodies, runs * (len(bodies) // len(runs) + 1), strict=False) for _ in range(run)]
+    records = [
+        MessageRecord(topic="t", queue_id=0, queue_offset=n, body=b"b" * size).encode() for n, size in enumerate(sizes)
+    ]
+    buf = bytearray(b"".join(records))
+    if records and damage != "none":
+        starts = list(itertools.accumulate((len(r) for r in records), initial=0))[:-1]
+        at = starts[damage_at % len(starts)]
+        if damage == "size":
+            buf[at : at + 4] = (len(records[0]) + 1).to_bytes(4, "big")
+        elif damage == "magic":
+            buf[at + 4 : at + 8] = (0x12345678).to_bytes(4, "big")
+        else:
+            buf[at : at + 8] = blank_record(MIN_RECORD_SIZE)[:8]
+    data = bytes(buf[: max(0, len(buf) - cut)])
+    assert split_back_to_back(data, max_count) == _walk_record_by_record(data, max_count)
+    assert split_back_to_back(memoryview(data), max_count) == _walk_record_by_record(data, max_count)
+
+
+def test_split_of_many_equal_records_stops_at_the_count_and_at_a_damaged_one() -> None:
+    record = MessageRecord(topic="t", queue_id=0, body=b"x" * 1000).encode()
+    buf = bytearray(record * 5000)
+    assert split_back_to_back(bytes(buf), 4096) == list(range(0, 4097 * len(record), len(record)))
+    buf[3000 * len(record) + 4] ^= 0xFF  # the 3001st record's magic
+    assert split_back_to_back(bytes(buf), 4096) == list(range(0, 3001 * len(record), len(record)))

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+import numpy as np
+
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
 from tieredstore.formats.checksum import body_crc
 
@@ -582,20 +584,65 @@ def split_back_to_back(buf: bytes | memoryview, max_count: int) -> list[int]:
     Only TOTALSIZE and MAGICCODE are read, and a split stops at the first record that is not a message
     or runs past the buffer (a record cut off by the end of a read, a blank record, damage): the caller
     checks the records it got, and reads on from the returned end.
+
+    Records of one size in a row (a producer's fixed-size messages) are taken a run at a time: after a
+    few of them, the headers where more of that size would begin are read in one strided pass and the
+    run goes on as far as they agree. The result is the record-by-record walk's, at a fraction of its
+    cost on such runs; a run that breaks early makes the next probe wait for a longer streak.
     """
     ends = [0]
     append, unpack = ends.append, BLANK_HEADER.unpack_from
     position, length = 0, len(buf)
     last_start = length - MIN_RECORD_SIZE
-    for _ in range(max_count):
-        if position > last_start:
-            break
-        size, magic = unpack(buf, position)
-        if size < MIN_RECORD_SIZE or position + size > length or (magic != MAGIC_V1 and magic != MAGIC_V2):
-            break
-        position += size
-        append(position)
+    remaining, step = max_count, _RUN_PROBE_STREAK
+    while remaining > 0:
+        walk = min(step, remaining)
+        for _ in range(walk):
+            if position > last_start:
+                break
+            size, magic = unpack(buf, position)
+            if size < MIN_RECORD_SIZE or position + size > length or (magic != MAGIC_V1 and magic != MAGIC_V2):
+                break
+            position += size
+            append(position)
+        else:
+            remaining -= walk
+            # The last two records of one size: probe for more of it. Short runs make probes rarer.
+            run = 0
+            if remaining and len(ends) > 2 and position - ends[-2] == ends[-2] - ends[-3]:
+                size = position - ends[-2]
+                run = _equal_size_run(buf, position, size, remaining)
+                ends.extend(range(position + size, position + size * run + 1, size))
+                position += size * run
+                remaining -= run
+            step = _RUN_PROBE_STREAK if run >= _RUN_WORTH_PROBING else min(step * 2, _RUN_PROBE_MAX_WALK)
+            continue
+        break
     return ends
+
+
+_RUN_PROBE_STREAK = 2  # records walked one by one before the first probe, and after a probe that paid
+_RUN_WORTH_PROBING = 16  # a probe that found a shorter run (or none) doubles the walk before the next
+_RUN_PROBE_MAX_WALK = 4096
+_RUN_FIRST_PASS = 32  # headers read by a probe's first pass; each further pass reads 8x more
+_RUN_HEAD = np.dtype([("size", ">i4"), ("magic", ">u4")])
+
+
+def _equal_size_run(buf: bytes | memoryview, position: int, size: int, limit: int) -> int:
+    """How many records of ``size`` (whole, with a message magic) follow one another from ``position``, up to
+    ``limit``; read in growing strided passes, so a run that soon breaks costs a small one."""
+    limit = min(limit, (len(buf) - position) // size)
+    run, chunk = 0, _RUN_FIRST_PASS
+    while run < limit:
+        fit = min(chunk, limit - run)
+        heads = np.ndarray((fit,), dtype=_RUN_HEAD, buffer=buf, offset=position + run * size, strides=(size,))
+        magic = heads["magic"]
+        broken = np.flatnonzero((heads["size"] != size) | ((magic != MAGIC_V1) & (magic != MAGIC_V2)))
+        if len(broken):
+            return run + int(broken[0])
+        run += fit
+        chunk *= 8
+    return run
 
 
 def iter_records(
