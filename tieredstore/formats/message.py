@@ -588,7 +588,7 @@ def split_back_to_back(buf: bytes | memoryview, max_count: int) -> list[int]:
     Records of one size in a row (a producer's fixed-size messages) are taken a run at a time: after a
     few of them, the headers where more of that size would begin are read in one strided pass and the
     run goes on as far as they agree. The result is the record-by-record walk's, at a fraction of its
-    cost on such runs; a run that breaks early makes the next probe wait for a longer streak.
+    cost on such runs; a probe that finds a short run (or none) doubles the walk before the next one.
     """
     ends = [0]
     append, unpack = ends.append, BLANK_HEADER.unpack_from
