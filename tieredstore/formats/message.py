@@ -594,7 +594,7 @@ def split_back_to_back(buf: bytes | memoryview, max_count: int) -> list[int]:
     append, unpack = ends.append, BLANK_HEADER.unpack_from
     position, length = 0, len(buf)
     last_start = length - MIN_RECORD_SIZE
-    remaining, step = max_count, _RUN_PROBE_STREAK
+    remaining, step = max_count, _RUN_FIRST_WALK
     while remaining > 0:
         walk = min(step, remaining)
         for _ in range(walk):
@@ -615,13 +615,13 @@ def split_back_to_back(buf: bytes | memoryview, max_count: int) -> list[int]:
                 ends.extend(range(position + size, position + size * run + 1, size))
                 position += size * run
                 remaining -= run
-            step = _RUN_PROBE_STREAK if run >= _RUN_WORTH_PROBING else min(step * 2, _RUN_PROBE_MAX_WALK)
+            step = _RUN_FIRST_WALK if run >= _RUN_WORTH_PROBING else min(step * 2, _RUN_PROBE_MAX_WALK)
             continue
         break
     return ends
 
 
-_RUN_PROBE_STREAK = 2  # records walked one by one before the first probe, and after a probe that paid
+_RUN_FIRST_WALK = 2  # records walked one by one before the first probe, and after a probe that paid
 _RUN_WORTH_PROBING = 16  # a probe that found a shorter run (or none) doubles the walk before the next
 _RUN_PROBE_MAX_WALK = 4096
 _RUN_FIRST_PASS = 32  # headers read by a probe's first pass; each further pass reads 8x more
