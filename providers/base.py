@@ -395,6 +395,10 @@ class Provider(abc.ABC):
     async def list_children(self, path: str) -> list[str]:
         """Names of the folders directly under ``path`` ('' is the root); for metadata-free discovery."""
 
+    async def prepare(self) -> None:  # noqa: B027 - an optional hook; most providers have nothing to build
+        """Build what requests need (clients) before the first one, so that it does not pay for it;
+        no request is made. The default needs nothing."""
+
     async def close(self) -> None:  # noqa: B027 - an optional hook; most providers hold no connections
         """Release connections; the default holds none."""
 

@@ -134,6 +134,7 @@ async def open_runtime(
         stack.callback(metadata.close)
         provider = open_cold_provider(config)
         stack.push_async_callback(provider.close)
+        await provider.prepare()
         hot_store: LocalMessageStore | None = None
         if hot:
             hot_store = await asyncio.to_thread(functools.partial(open_hot_store, config, mode=hot_mode))

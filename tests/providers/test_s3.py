@@ -318,3 +318,22 @@ async def test_the_first_read_builds_its_client_off_the_event_loop(
         ticking.cancel()
     assert data == b"m" * 100
     assert ticks >= 10, f"the event loop ran {ticks} times in the 0.3 s the client took to build"
+
+
+async def test_prepare_builds_the_client_so_the_first_read_does_not(
+    s3_bucket_url: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with S3Provider(s3_bucket_url, **s3_options) as writer:
+        segment = writer.segment(FileType.COMMIT_LOG, QUEUE, 0)
+        segment.append(b"p" * 100)
+        await segment.commit()
+    async with S3Provider(s3_bucket_url, **s3_options) as reader:
+        assert reader.created_sync_client is None
+        await reader.prepare()
+        client = reader.created_sync_client
+        assert client is not None
+        builds: list[S3Provider] = []
+        monkeypatch.setattr(S3Provider, "_create_sync_client", lambda self: builds.append(self))
+        data = await reader.segment(FileType.COMMIT_LOG, QUEUE, 0, commit_position=100).read(0, 100)
+        assert data == b"p" * 100
+        assert reader.created_sync_client is client and builds == []

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.read.helpers import archive_hot, make_config
+from tests.fixtures.backends import ProviderBackend
+from tests.read.helpers import archive_hot, config_for_backend, make_config
 from tieredstore.errors import InvalidQueueError, InvalidTopicError, ReadOnlyError
 from tieredstore.fetcher import GetMessageStatus
 from tieredstore.formats.naming import FileType, queue_path
+from tieredstore.providers.s3 import S3Provider
 from tieredstore.store import AsyncTieredMessageStore
 
 TOPIC = "ColdOnly"
@@ -144,3 +146,18 @@ async def test_an_application_reading_recent_messages_from_the_hot_store_queries
         # Where the policy reads cold storage, the view still looks for later commits at its end.
         assert (await app.get_messages(TOPIC, 0, 100)).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
         assert statements != []
+
+
+@pytest.mark.parametrize("provider_factory", ["s3"], indirect=True)
+async def test_an_opened_store_has_its_s3_client_built_before_the_first_read(
+    tmp_path: Path, provider_factory: ProviderBackend
+) -> None:
+    """Opening prepares the provider: a consumer's first cold read does not spend tens of ms building a client."""
+    config = config_for_backend(tmp_path, provider_factory)
+    async with AsyncTieredMessageStore.open(config, hot=False) as store:
+        provider = store.runtime.provider
+        assert isinstance(provider, S3Provider)
+        assert provider.created_sync_client is not None
+        unknown = await store.get_messages("Nothing", 0, 0)
+        assert unknown.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+        assert provider.created_sync_client is not None
