@@ -39,12 +39,16 @@ goes on from where its queue's last call ended, inside the same cached window, i
 window without working out the queue's offsets, tiers and cached run again, while nothing they rest
 on has changed (``_Continuation``): the answer is the one the full path gives.
 
-**Prefetching.** When a window is read for the cache, the next window of the same queue is read in
-the background (one per queue, and only while the cache, with the windows in flight, stays under its
-bypass threshold), unless the reader jumped there: a window that neither is the queue's first read nor
-follows the last one read starts no prefetch. The reader who reaches it takes it (waiting if it is
-still in flight; its read error, if any, is raised to that reader, and the next call reads again); a
-reader who goes elsewhere cancels it, and ``close`` cancels them all. A prefetched window counts a
+**Prefetching.** When a window is read for the cache, the windows after it in the same queue are read
+in the background, two ahead of the reader (and only while the cache, with the windows in flight or
+held, stays under its bypass threshold), unless the reader jumped there: a window that neither is the
+queue's first read nor follows the last one read starts no prefetch. Each window's read starts the
+next one's as soon as it has been split, before its records are checked, so a reader going through a
+queue keeps a request in flight instead of waiting for one check after each read (a split whose
+window then fails its check cancels what it started). The reader who reaches a window takes it
+(waiting if it is still in flight; its read error, if any, is raised to that reader, and the next
+call reads again), which starts the one after the last ahead; a reader who goes elsewhere cancels
+them, and ``close`` cancels them all. A prefetched window counts a
 miss when its reader reaches it, as a window read then would: the hit and miss metrics do not depend
 on prefetching. While prefetches are in flight, ``get_messages`` yields to the event loop once per
 call so they progress even when every call is served from the cache.
@@ -135,6 +139,9 @@ _HEAD = struct.Struct(">iI")
 # While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
 # (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
 _PREFETCH_YIELD_INTERVAL = 0.001
+# Windows of a queue read ahead of the one its reader is in: the next one's read starts as soon as the
+# read before it has been split, so a reader going through a queue keeps one request in flight.
+_PREFETCH_DEPTH = 2
 # What a failed tier raises when another tier may still serve the offset.
 _TIER_FAILURES = (StorageError, IntegrityError, NotFoundError)
 
@@ -665,12 +672,27 @@ class _Follow:
 
 @dataclass(slots=True)
 class _Prefetch:
-    """The next window of one queue, being read (or read) before its reader asks for it."""
+    """A window of one queue ahead of its reader, being read (or read) before the reader asks for it."""
 
     offset: int
+    start: _Follow  # where its first record lies in the cold commit log
     reserved_bytes: int  # counted against the cache's budget until the reader takes it
     started: float
-    task: asyncio.Task[ReadAheadBatch | None]
+    run_end: int  # the end of the archived run it is in: no window is read ahead past it
+    task: asyncio.Task[ReadAheadBatch | None] = field(init=False)
+    # Where the window after it begins, known once its read is split (before its records are checked).
+    after: _Follow | None = None
+
+
+# Told where the record after a window lies (and the window's size) once its read is split; whether it
+# started a read there.
+_OnSplit = Callable[[_Follow, int], bool]
+
+
+def _follow_after(batch: ReadAheadBatch) -> _Follow:
+    """Where the record after a (non-empty) window lies in the cold commit log."""
+    first, last = batch.starts[0], batch.ends[-1]
+    return _Follow(batch.end_offset, batch.commitlog_start + last, (last - first) / len(batch))
 
 
 def physical_memory_bytes() -> int:
@@ -712,8 +734,10 @@ class MessageFetcher:
         self.cache = ReadAheadCache(
             self.settings.read_ahead_cache_bytes, self.settings.read_ahead_ttl, metrics=self.metrics, clock=cache_clock
         )
-        self._prefetches: dict[tuple[str, int], _Prefetch] = {}
+        # Per queue, its windows read ahead, in offset order: each begins where the one before it ends.
+        self._prefetches: dict[tuple[str, int], list[_Prefetch]] = {}
         self._prefetch_bytes = 0
+        self._pending_bytes = 0  # windows being read by their readers that have started one ahead, until cached
         self._in_flight = 0  # prefetches still reading
         self._last_yield = 0.0  # when a call last gave the event loop a turn for them (time.monotonic)
         self._window_ends: dict[tuple[str, int], int] = {}  # per queue, where the last window read ended
@@ -1090,60 +1114,106 @@ class MessageFetcher:
     ) -> ReadAheadBatch | None:
         """The window of records from ``offset``: the one prefetched for it, else one read now; None if empty.
 
-        A window read for the cache is cached, and the next one is prefetched (``_start_prefetch``).
+        A window read for the cache is cached. For a reader going through the queue (this is its first
+        window, or one following the last) the windows after it are read ahead (``_read_ahead``), not
+        for one jumping about, whose next window would be read for nothing.
         """
         bypass = not use_cache or self.cache.over_threshold()
         count = min(needed if bypass else max(needed, self.settings.read_ahead_count), end - offset)
         if count <= 0:
             return None
+        key = (flat_file.topic, flat_file.queue_id)
+        sequential = not bypass and self._window_ends.get(key, offset) == offset
         batch = await self._take_prefetch(flat_file, offset) if use_cache else None
         if batch is None:
-            batch = await self._read_records(flat_file, offset, count)
+            pending = 0
+
+            def split(after: _Follow, size: int) -> bool:
+                # The next window's read starts before this one is checked. Until this one is cached, its
+                # bytes count against the read-ahead budget as a prefetched window's do.
+                nonlocal pending
+                self._pending_bytes += size - pending
+                pending = size
+                return self._read_ahead(flat_file, after, run_end, size)
+
+            try:
+                batch = await self._read_records(flat_file, offset, count, on_split=split if sequential else None)
+                if batch is not None and not bypass:
+                    self.cache.put(batch)
+            finally:
+                self._pending_bytes -= pending
             if batch is None:
                 return None
-        if not bypass:
+        elif not bypass:
             self.cache.put(batch)
-            # Read ahead for a reader going through the queue (its first window, or one following the last),
-            # not for one jumping about, whose next window would be read for nothing.
-            key = (flat_file.topic, flat_file.queue_id)
-            if self._window_ends.get(key, offset) == offset and self._start_prefetch(
-                flat_file, batch.end_offset, run_end, len(batch.data)
-            ):
-                # The prefetch task sends its request now, not when this window has been served: one loop turn
-                # runs it up to handing the read to a worker thread, and the wait lets that thread take the GIL
-                # and send (serving this window holds the GIL; the thread would wait until it is served).
-                await asyncio.sleep(self.settings.prefetch_handoff)
+        if sequential:
+            # Keep the queue's windows ahead coming: the one after this, or after the last one read ahead
+            # (once that one's read has been split; until then, that read starts the next itself).
+            ahead = self._prefetches.get(key)
+            after, expected = (
+                (ahead[-1].after, ahead[-1].reserved_bytes) if ahead else (_follow_after(batch), len(batch.data))
+            )
+            if after is not None and self._read_ahead(flat_file, after, run_end, expected):
+                await self._hand_off()
+        if not bypass:
             self._window_ends[key] = batch.end_offset
         return batch
 
-    async def _read_records(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:
+    async def _hand_off(self) -> None:
+        """Let a prefetch just started send its request now, not when the window in hand has been served.
+
+        One loop turn runs its task up to handing the read to a worker thread, and the wait lets that
+        thread take the GIL and send (serving or checking a window holds the GIL; the thread would wait
+        until that is done).
+        """
+        await asyncio.sleep(self.settings.prefetch_handoff)
+
+    async def _read_records(
+        self,
+        flat_file: FlatMessageFile,
+        offset: int,
+        count: int,
+        *,
+        follow: _Follow | None = None,
+        on_split: _OnSplit | None = None,
+    ) -> ReadAheadBatch | None:
         """Up to ``count`` checked records from ``offset``, trimmed from the end to ``read_ahead_size`` bytes
         (never below one): a window.
 
-        A window that follows the last one read of its queue, or starts at the queue's oldest record, is
-        one commit-log read from where that one ended, or from the commit log's start
+        A window that follows the last one read of its queue (or ``follow``), or starts at the queue's
+        oldest record, is one commit-log read from where that one ended, or from the commit log's start
         (``_read_following``); any other is one consume-queue read and one commit-log read
         (``_read_by_units``). Both read from where a read starts to the end of the storage object
         holding it at most, so a reader going through a queue reads each object once, whole.
+
+        ``on_split`` is told where the record after the window lies as soon as the read has been split,
+        before its records are checked; when it has started a read there, that read is handed off.
         """
         key = (flat_file.topic, flat_file.queue_id)
-        follow = self._follows.get(key)
+        if follow is None or follow.offset != offset:
+            follow = self._follows.get(key)
         if (follow is None or follow.offset != offset) and offset == flat_file.min_offset:
             # A reader starting at the oldest record: it most likely starts the commit log.
             guess = flat_file.first_record_guess()
             follow = None if guess is None else _Follow(offset, guess[0], guess[1])
         batch = None
         if follow is not None and follow.offset == offset:
-            batch = await self._read_following(flat_file, offset, count, follow)
+            batch = await self._read_following(flat_file, offset, count, follow, on_split)
+            if batch is None and on_split is not None:
+                # Where the split put the next record did not check out: what it started reading goes too.
+                self._drop_ahead(key, offset)
         if batch is None:
-            batch = await self._read_by_units(flat_file, offset, count)
+            batch = await self._read_by_units(flat_file, offset, count, on_split)
         if batch is not None and len(batch):
-            first, last = batch.starts[0], batch.ends[-1]
-            self._follows[key] = _Follow(batch.end_offset, batch.commitlog_start + last, (last - first) / len(batch))
+            self._follows[key] = _follow_after(batch)
         return batch
 
+    async def _split_done(self, on_split: _OnSplit | None, after: _Follow, size: int) -> None:
+        if on_split is not None and on_split(after, size):
+            await self._hand_off()
+
     async def _read_following(
-        self, flat_file: FlatMessageFile, offset: int, count: int, follow: _Follow
+        self, flat_file: FlatMessageFile, offset: int, count: int, follow: _Follow, on_split: _OnSplit | None = None
     ) -> ReadAheadBatch | None:
         """The window from ``offset`` split out of the commit log from where the last window ended.
 
@@ -1163,7 +1233,10 @@ class MessageFetcher:
         bounds = np.asarray(split_back_to_back(data, count), dtype=np.int64)
         if len(bounds) < 2:
             return None
-        units = np.empty(len(bounds) - 1, dtype=UNIT_DTYPE)
+        records, split_end = len(bounds) - 1, int(bounds[-1])
+        after = _Follow(offset + records, follow.commitlog_offset + split_end, split_end / records)
+        await self._split_done(on_split, after, len(data))
+        units = np.empty(records, dtype=UNIT_DTYPE)
         units["commitlog_offset"] = bounds[:-1] + follow.commitlog_offset
         units["size"] = np.diff(bounds)
         units["tag_hash"] = 0
@@ -1172,7 +1245,9 @@ class MessageFetcher:
         )
         return None if batch.corrupt else batch
 
-    async def _read_by_units(self, flat_file: FlatMessageFile, offset: int, count: int) -> ReadAheadBatch | None:
+    async def _read_by_units(
+        self, flat_file: FlatMessageFile, offset: int, count: int, on_split: _OnSplit | None = None
+    ) -> ReadAheadBatch | None:
         """The window from ``offset`` as its consume-queue units say: one read of each file."""
         consume_queue = flat_file.consume_queue
         position = consume_queue.position_of(offset)
@@ -1198,53 +1273,77 @@ class MessageFetcher:
             # The commit log's object ended first: keep the records it holds whole, else read exactly.
             held = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
             if held:
-                units = units[:held]
+                units, ends = units[:held], ends[:held]
             else:
                 data = await flat_file.read_commit_log(start, length)
         self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
+        records, split_end = len(units), int(ends[len(units) - 1])
+        await self._split_done(on_split, _Follow(offset + records, start + split_end, split_end / records), len(data))
         return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
 
-    # ---- prefetching the next window ------------------------------------------------------------------
+    # ---- prefetching the windows ahead ----------------------------------------------------------------
 
-    def _start_prefetch(self, flat_file: FlatMessageFile, offset: int, run_end: int, expected_bytes: int) -> bool:
-        """Start reading the window at ``offset`` in the background, if it exists and the byte budget allows
+    def _read_ahead(self, flat_file: FlatMessageFile, after: _Follow, run_end: int, expected_bytes: int) -> bool:
+        """Start reading the window at ``after`` in the background, if the queue's windows read ahead end
+        there and are fewer than ``_PREFETCH_DEPTH`` (whether it started; see ``_start_prefetch``)."""
+        ahead = self._prefetches.get((flat_file.topic, flat_file.queue_id), [])
+        if len(ahead) >= _PREFETCH_DEPTH or (ahead and ahead[-1].after != after):
+            return False
+        return self._start_prefetch(flat_file, after, run_end, expected_bytes)
+
+    def _start_prefetch(self, flat_file: FlatMessageFile, start: _Follow, run_end: int, expected_bytes: int) -> bool:
+        """Start reading the window at ``start`` in the background, if it exists and the byte budget allows
         (whether it started).
 
-        At most one window per queue is in flight or held, and the bytes of all of them (each estimated
-        by the window before it) plus the cache's stay within the cache's bypass threshold. A prefetch
-        nobody came for within ``read_ahead_ttl`` is dropped when the next one starts.
+        The bytes of every window read ahead (each estimated by the window before it) and of windows
+        being read now, plus the cache's, stay within the cache's bypass threshold. A queue's windows
+        read ahead that nobody came for within ``read_ahead_ttl`` are dropped when the next one starts.
         """
         key = (flat_file.topic, flat_file.queue_id)
-        if offset >= run_end or key in self._prefetches or self._closed:
+        offset = start.offset
+        if offset >= run_end or self._closed:
             return False
         now = self.cache.clock()
-        for stale_key, stale in list(self._prefetches.items()):
-            if now - stale.started > self.settings.read_ahead_ttl:
-                self._forget_prefetch(stale_key)
+        for stale_key, ahead in list(self._prefetches.items()):
+            if now - ahead[0].started > self.settings.read_ahead_ttl:
+                self._forget_prefetches(stale_key)
         budget = CACHE_BYPASS_RATIO * self.cache.max_bytes
-        if self.cache.size_bytes + self._prefetch_bytes + expected_bytes > budget:
+        if self.cache.size_bytes + self._prefetch_bytes + self._pending_bytes + expected_bytes > budget:
             return False
-        count = min(self.settings.read_ahead_count, run_end - offset)
-        task = asyncio.create_task(self._read_records(flat_file, offset, count))
+        prefetch = _Prefetch(offset, start, expected_bytes, now, run_end)
+        prefetch.task = asyncio.create_task(self._prefetch(flat_file, prefetch))
         self._in_flight += 1
-        task.add_done_callback(self._prefetch_done)
-        self._prefetches[key] = _Prefetch(offset, expected_bytes, now, task)
+        prefetch.task.add_done_callback(self._prefetch_done)
+        self._prefetches.setdefault(key, []).append(prefetch)
         self._prefetch_bytes += expected_bytes
         return True
+
+    async def _prefetch(self, flat_file: FlatMessageFile, prefetch: _Prefetch) -> ReadAheadBatch | None:
+        """A prefetched window's read; once it is split, the window after it is read ahead in turn."""
+
+        def split(after: _Follow, _size: int) -> bool:
+            prefetch.after = after
+            return self._read_ahead(flat_file, after, prefetch.run_end, prefetch.reserved_bytes)
+
+        count = min(self.settings.read_ahead_count, prefetch.run_end - prefetch.offset)
+        return await self._read_records(flat_file, prefetch.offset, count, follow=prefetch.start, on_split=split)
 
     async def _take_prefetch(self, flat_file: FlatMessageFile, offset: int) -> ReadAheadBatch | None:
         """The window prefetched for ``offset`` (waiting for it; its read error is raised here), else None.
 
-        A prefetch for another offset (the reader went elsewhere) is cancelled.
+        When the queue's first window read ahead is not at ``offset`` (the reader went elsewhere), they
+        are all cancelled.
         """
         key = (flat_file.topic, flat_file.queue_id)
-        prefetch = self._prefetches.get(key)
-        if prefetch is None:
+        ahead = self._prefetches.get(key)
+        if not ahead:
             return None
-        if prefetch.offset != offset:
-            self._forget_prefetch(key)
+        if ahead[0].offset != offset:
+            self._forget_prefetches(key)
             return None
-        del self._prefetches[key]
+        prefetch = ahead.pop(0)
+        if not ahead:
+            del self._prefetches[key]
         self._prefetch_bytes -= prefetch.reserved_bytes
         return await prefetch.task
 
@@ -1254,29 +1353,44 @@ class MessageFetcher:
             # Seen here so that it is never reported as lost: its reader gets it from the task, or reads again.
             log.debug("prefetch failed; its reader will get the error", error=str(task.exception()))
 
-    def _forget_prefetch(self, key: tuple[str, int]) -> None:
-        prefetch = self._prefetches.pop(key)
-        self._prefetch_bytes -= prefetch.reserved_bytes
-        prefetch.task.cancel()
+    def _drop_ahead(self, key: tuple[str, int], offset: int) -> None:
+        """Cancel the queue's windows read ahead that begin after ``offset``."""
+        ahead = self._prefetches.get(key, [])
+        kept = [prefetch for prefetch in ahead if prefetch.offset <= offset]
+        for prefetch in ahead[len(kept) :]:
+            self._prefetch_bytes -= prefetch.reserved_bytes
+            prefetch.task.cancel()
+        if kept:
+            self._prefetches[key] = kept
+        else:
+            self._prefetches.pop(key, None)
+
+    def _forget_prefetches(self, key: tuple[str, int]) -> None:
+        for prefetch in self._prefetches.pop(key):
+            self._prefetch_bytes -= prefetch.reserved_bytes
+            prefetch.task.cancel()
 
     @property
     def prefetching(self) -> int:
         """How many windows are being prefetched or held for their reader."""
-        return len(self._prefetches)
+        return sum(len(ahead) for ahead in self._prefetches.values())
+
+    def _prefetch_tasks(self) -> list[asyncio.Task[ReadAheadBatch | None]]:
+        return [prefetch.task for ahead in self._prefetches.values() for prefetch in ahead]
 
     async def wait_for_prefetches(self) -> None:
-        """Wait until every prefetch started has finished (its outcome stays for its reader)."""
-        tasks = [prefetch.task for prefetch in self._prefetches.values()]
-        if tasks:
+        """Wait until every prefetch started has finished, the ones they started in turn too (their
+        outcomes stay for their readers)."""
+        while tasks := [task for task in self._prefetch_tasks() if not task.done()]:
             await asyncio.wait(tasks)
 
     async def close(self) -> None:
         """Cancel the prefetches in flight and wait for them; no prefetch starts afterwards."""
         self._closed = True
         self._continuations.clear()
-        tasks = [prefetch.task for prefetch in self._prefetches.values()]
+        tasks = self._prefetch_tasks()
         for key in list(self._prefetches):
-            self._forget_prefetch(key)
+            self._forget_prefetches(key)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- checking and filtering -----------------------------------------------------------------------

@@ -88,34 +88,38 @@ async def _consume(store: AsyncTieredMessageStore, offset: int, end: int, batch:
     return served
 
 
-async def test_the_next_window_is_read_in_the_background_and_reads_stay_one_per_window(
+async def test_the_windows_ahead_are_read_in_the_background_and_reads_stay_one_per_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with counting_reads(monkeypatch) as reads:
         async with _store(tmp_path, reads, 350) as (store, _flat_file, _url):
             first = await store.get_messages(TOPIC, 0, 0, 10)
             assert [m.queue_offset for m in first.messages] == list(range(10))
-            # the call gave the prefetch it started a turn of the event loop: its request has gone out (on S3,
-            # the GET is sent while the reader is served from the first window, not when it reaches the next)
-            assert reads.count(FileType.COMMIT_LOG) == 2
+            # each read started the next as soon as it was split, and the call gave them turns of the event loop:
+            # two windows ahead of the reader have been read (on S3, their GETs went out one after the other
+            # while the reader's window was checked and served, not when the reader reached them)
+            assert reads.count(FileType.COMMIT_LOG) == 3
             await store.fetcher.wait_for_prefetches()
+            assert store.fetcher.prefetching == 2
             # the first window [0, 100) from the commit log's start (its oldest record is there) and, without
-            # anyone asking yet, the next one [100, 200) from where the first ended: no units read at all
+            # anyone asking yet, [100, 200) and [200, 300), each from where the one before ended: no units read
             assert reads.count(FileType.CONSUME_QUEUE) == 0
-            first_log, next_log = [read for read in reads.reads if read[0] is FileType.COMMIT_LOG]
-            assert next_log[2] == first_log[2] + first_log[3]
+            first_log, second_log, third_log = [read for read in reads.reads if read[0] is FileType.COMMIT_LOG]
+            assert second_log[2] == first_log[2] + first_log[3]
+            assert third_log[2] == second_log[2] + second_log[3]
             reads.clear()
             assert await _consume(store, 10, 100) == list(range(10, 100))
             assert reads.count() == 0
-            # reaching the prefetched window reads nothing itself but starts the one after it
+            # reaching a prefetched window reads nothing itself but starts the one two windows on
             crossing = await store.get_messages(TOPIC, 0, 100, 32)
             assert [m.queue_offset for m in crossing.messages] == list(range(100, 132))
             await store.fetcher.wait_for_prefetches()
             assert reads.count(FileType.CONSUME_QUEUE) == 0 and reads.count(FileType.COMMIT_LOG) == 1
+            assert store.fetcher.prefetching == 2
             assert await _consume(store, 132, 350) == list(range(132, 350))
             await store.fetcher.wait_for_prefetches()
-            # since the clear, windows [200, 300) and [300, 350), one read each; nothing read past the end
-            assert reads.count(FileType.CONSUME_QUEUE) == 0 and reads.count(FileType.COMMIT_LOG) == 2
+            # since the clear, only window [300, 350); nothing read past the end
+            assert reads.count(FileType.CONSUME_QUEUE) == 0 and reads.count(FileType.COMMIT_LOG) == 1
             assert store.fetcher.prefetching == 0
             # hits and misses count as they did before windows were prefetched: one miss per window
             metrics = store.runtime.metrics
@@ -135,8 +139,11 @@ async def test_a_reader_starting_a_prefetch_lets_the_worker_thread_read_before_i
             first = await store.get_messages(TOPIC, 0, 0, 10)
             assert time.monotonic() - started >= 0.1
             assert [m.queue_offset for m in first.messages] == list(range(10))
-            (prefetch,) = store.fetcher._prefetches.values()
-            assert prefetch.task.done()  # read, split and checked while the reader waited
+            # both windows ahead were read while the reader waited (the second one started by the first's read)
+            assert reads.count(FileType.COMMIT_LOG) == 3
+            (ahead,) = store.fetcher._prefetches.values()
+            assert [prefetch.offset for prefetch in ahead] == [100, 200]
+            assert ahead[1].task.done()  # read, split and checked too
             assert await _consume(store, 10, 100) == list(range(10, 100))
             reads.clear()
             crossing = await store.get_messages(TOPIC, 0, 100, 32)
@@ -295,7 +302,7 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [100, 200) hangs
             await store.get_messages(TOPIC, 0, 0, 32)
             await asyncio.sleep(0.01)
-            (stuck,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
+            (stuck,) = store.fetcher._prefetch_tasks()
             assert not stuck.done()
             reads.gate = None
             # the reader jumps past it: the prefetch is cancelled and the window there read; a reader jumping
@@ -311,7 +318,7 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [450, 500) hangs
             assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 350, 2)).messages] == [350, 351]
             await asyncio.sleep(0.01)
-            (in_flight,) = [prefetch.task for prefetch in store.fetcher._prefetches.values()]
+            (in_flight,) = store.fetcher._prefetch_tasks()
             assert not in_flight.done()
         # leaving the store closed it: the prefetch was cancelled and waited for
         assert in_flight.cancelled() and store.fetcher.prefetching == 0
