@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -392,3 +393,41 @@ def test_units_with_a_negative_offset_or_size_are_the_consume_queue_s_typed_erro
     with pytest.raises(CorruptRecordError, match="not whole units") as partial:
         parse_units(good + b"\x00", "T/0/CONSUME_QUEUE", 2000)
     assert (partial.value.location, partial.value.offset) == ("T/0/CONSUME_QUEUE", 2000)
+
+
+async def test_a_reader_served_from_the_cache_lets_worker_threads_run_while_prefetches_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider's worker thread needs the GIL each time a piece of its response arrives. A reader served
+    from the cache holds it, and the interpreter makes a busy thread let go only every switch interval
+    (5 ms): while a prefetch is in flight, the reader hands the GIL over every millisecond instead."""
+    with counting_reads(monkeypatch) as reads:
+        async with _store(tmp_path, reads, 300) as (store, _flat_file, _url):
+            reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [100, 200) hangs
+            await store.get_messages(TOPIC, 0, 0, 32)
+            assert store.fetcher.prefetching == 1
+            stop = threading.Event()
+            wakes = 0
+
+            def worker() -> None:  # like a thread reading a response: waits on I/O, then needs the GIL
+                nonlocal wakes
+                while not stop.is_set():
+                    time.sleep(0.0002)
+                    wakes += 1
+
+            thread = threading.Thread(target=worker)
+            thread.start()
+            try:
+                started = time.perf_counter()
+                while time.perf_counter() - started < 0.3:
+                    for offset in range(0, 100, 25):  # in the window read, again and again: never a read
+                        result = await store.get_messages(TOPIC, 0, offset, 25)
+                        assert result.status is GetMessageStatus.FOUND
+            finally:
+                stop.set()
+                thread.join()
+            assert reads.count(FileType.COMMIT_LOG) == 1 and store.fetcher.prefetching == 1  # still hanging
+            # at one wake per switch interval the thread would wake ~60 times in 0.3 s; handed the GIL every
+            # millisecond, ~300 times
+            assert wakes >= 150, f"the worker thread woke {wakes} times in 0.3 s of serving"
+            reads.gate = None
