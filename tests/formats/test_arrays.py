@@ -64,3 +64,11 @@ def test_a_row_running_past_the_end_keeps_its_leading_bytes() -> None:
     assert rows[0].tolist() == [0, 1, 2, 3]
     assert rows[1].tolist()[:3] == [7, 8, 9]  # the fourth byte is past the end: the caller's size check refuses it
     assert gather_rows(np.zeros(0, dtype=np.uint8), np.array([0], dtype=np.int64), 4).tolist() == [[0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("step", [1, 3], ids=["contiguous", "strided"])
+def test_rows_inside_the_bytes_are_the_bytes_at_each_position(step: int) -> None:
+    data = np.frombuffer(bytes(range(256)) * 4, dtype=np.uint8)[5::step]
+    positions = np.array([0, 17, 3, 200, len(data) - 6], dtype=np.int64)
+    rows = gather_rows(data, positions, 6)
+    assert rows.tolist() == [data[p : p + 6].tolist() for p in positions.tolist()]
