@@ -677,14 +677,17 @@ class _Follow:
 class _Prefetch:
     """A window of one queue ahead of its reader, being read (or read) before the reader asks for it."""
 
-    offset: int
-    start: _Follow  # where its first record lies in the cold commit log
+    start: _Follow  # its first offset and where that record lies in the cold commit log
     reserved_bytes: int  # counted against the cache's budget until the reader takes it
     started: float
     run_end: int  # the end of the archived run it is in: no window is read ahead past it
     task: asyncio.Task[ReadAheadBatch | None] = field(init=False)
     # Where the window after it begins, known once its read is split (before its records are checked).
     after: _Follow | None = None
+
+    @property
+    def offset(self) -> int:
+        return self.start.offset
 
 
 # Told where the record after a window lies (and the window's size) once its read is split; whether it
@@ -1283,7 +1286,7 @@ class MessageFetcher:
             else:
                 data = await flat_file.read_commit_log(start, length)
         self.metrics.cold_reads.labels(file_type=FileType.COMMIT_LOG.value).inc()
-        records, split_end = len(units), int(ends[len(units) - 1])
+        records, split_end = len(units), int(ends[-1])
         await self._split_done(on_split, _Follow(offset + records, start + split_end, split_end / records), len(data))
         return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
 
@@ -1306,8 +1309,7 @@ class MessageFetcher:
         read ahead that nobody came for within ``read_ahead_ttl`` are dropped when the next one starts.
         """
         key = (flat_file.topic, flat_file.queue_id)
-        offset = start.offset
-        if offset >= run_end or self._closed:
+        if start.offset >= run_end or self._closed:
             return False
         now = self.cache.clock()
         for stale_key, ahead in list(self._prefetches.items()):
@@ -1316,7 +1318,7 @@ class MessageFetcher:
         budget = CACHE_BYPASS_RATIO * self.cache.max_bytes
         if self.cache.size_bytes + self._prefetch_bytes + self._pending_bytes + expected_bytes > budget:
             return False
-        prefetch = _Prefetch(offset, start, expected_bytes, now, run_end)
+        prefetch = _Prefetch(start, expected_bytes, now, run_end)
         prefetch.task = asyncio.create_task(self._prefetch(flat_file, prefetch))
         self._in_flight += 1
         prefetch.task.add_done_callback(self._prefetch_done)
