@@ -136,6 +136,15 @@ class ReadSettings(_Section):
     read_ahead_size: int = Field(default=16 * MIB, ge=1)
     read_ahead_cache_bytes: int = Field(default=256 * MIB, ge=0)
     read_ahead_ttl: float = Field(default=15.0, gt=0)
+    read_ahead_readers: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "how many readers read each cold window through: a cached window is released once its last record "
+            "has been served that many times (0: kept until read_ahead_ttl or eviction). Set it to the number of "
+            "consumer groups that read the same queues at about the same time"
+        ),
+    )
     prefetch_handoff: float = Field(
         default=0.001,
         ge=0,

@@ -276,6 +276,7 @@ class ReadAheadBatch:
     tag_hashes: list[int] | None = field(repr=False)
     commitlog_start: int = 0
     corrupt: dict[int, CorruptRecordError] = field(default_factory=dict, repr=False)
+    read_through: int = field(default=0, repr=False)  # how many times its last record was served
 
     @property
     def end_offset(self) -> int:
@@ -429,9 +430,15 @@ class ReadAheadCache:
     """Batches read ahead of a consumer, found by (topic, queue id, queue offset); bounded in bytes.
 
     A batch expires ``ttl`` seconds after it was last read (a hit renews it); when a new batch does not
-    fit, the least recently read ones are evicted. ``max_bytes`` 0 turns the cache off. ``clock`` is
-    injectable for tests (monotonic seconds). Sizes, lengths and the eviction metric count records, as
-    a consumer sees them.
+    fit, the least recently read ones are evicted. A batch whose last record has been served to
+    ``readers`` readers is released at once (``read_through``; ``readers`` 0 keeps batches until they
+    expire or are evicted): a reader going through a queue does not come back, and a cache of windows
+    already read would only hold memory, and make every new window land in fresh pages (a page fault
+    each 4 KiB: on the VM of BENCHMARKS.md, a seventh of a cold reader's CPU). RocketMQ releases a
+    cached message once each consumer group active on the queue has read it; this store is not told
+    the groups, so ``readers`` says how many there are.
+    ``max_bytes`` 0 turns the cache off. ``clock`` is injectable for tests (monotonic seconds). Sizes,
+    lengths and the eviction and release metrics count records, as a consumer sees them.
 
     The batches are kept in the order they were last read, so the oldest is first both to expire and
     to be evicted; a hit is a dictionary move (a general TTL cache cost ten times more per call).
@@ -444,9 +451,11 @@ class ReadAheadCache:
         *,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        readers: int = 0,
     ) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
+        self.readers = readers
         self.clock = clock
         self.metrics = metrics or Metrics()
         # key -> (batch, expiry time), least recently read first.
@@ -539,6 +548,19 @@ class ReadAheadCache:
         self._entries.move_to_end(key)
         self.metrics.cache_hits.inc(hits)
         return True
+
+    def read_through(self, batch: ReadAheadBatch) -> None:
+        """A reader has been served ``batch``'s last record: once ``readers`` have, the batch is released."""
+        batch.read_through += 1
+        if not self.readers or batch.read_through < self.readers:
+            return
+        key = (batch.topic, batch.queue_id, batch.first_offset)
+        entry = self._entries.get(key)
+        if entry is None or entry[0] is not batch:
+            return  # not cached (read past the cache), or already gone
+        self._drop(key)
+        self.metrics.cache_released.inc(len(batch))
+        self.metrics.cache_bytes.set(self._bytes)
 
     def _batch_holding(self, topic: str, queue_id: int, offset: int) -> ReadAheadBatch | None:
         spans = self._spans.get((topic, queue_id))
@@ -738,7 +760,11 @@ class MessageFetcher:
             int(physical_memory_bytes() * IN_MEMORY_RATIO) if hot_in_memory_bytes is None else hot_in_memory_bytes
         )
         self.cache = ReadAheadCache(
-            self.settings.read_ahead_cache_bytes, self.settings.read_ahead_ttl, metrics=self.metrics, clock=cache_clock
+            self.settings.read_ahead_cache_bytes,
+            self.settings.read_ahead_ttl,
+            metrics=self.metrics,
+            clock=cache_clock,
+            readers=self.settings.read_ahead_readers,
         )
         # Per queue, its windows read ahead, in offset order: each begins where the one before it ends.
         self._prefetches: dict[tuple[str, int], list[_Prefetch]] = {}
@@ -913,6 +939,8 @@ class MessageFetcher:
             return None
         continuation.next_offset = end
         messages = window.messages(offset, end)
+        if end == window.end_offset:
+            self.cache.read_through(window)
         return GetMessageResult(GetMessageStatus.FOUND, end, view.min_offset, view.max_offset, messages)
 
     async def _get_messages(
@@ -1106,14 +1134,16 @@ class MessageFetcher:
                     messages += batch.messages(begin, end)
                     position = end
                     window = batch if read_ahead else None
-                    continue
-                for queue_offset in range(begin, end):
-                    position = queue_offset + 1
-                    message = self._serve_filtered(batch, queue_offset, message_filter)
-                    if message is not None:
-                        messages.append(message)
-                        if len(messages) == max_count:
-                            break
+                else:
+                    for queue_offset in range(begin, end):
+                        position = queue_offset + 1
+                        message = self._serve_filtered(batch, queue_offset, message_filter)
+                        if message is not None:
+                            messages.append(message)
+                            if len(messages) == max_count:
+                                break
+                if position == batch.end_offset:
+                    self.cache.read_through(batch)
                 if len(messages) == max_count:
                     break
         return _Batch(messages, position, window)

@@ -73,6 +73,11 @@ class Metrics:
         self.cache_hits = Counter("tieredstore_read_ahead_hits", "Read-ahead cache hits", registry=r)
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)
+        self.cache_released = Counter(
+            "tieredstore_read_ahead_released",
+            "Read-ahead cache records released once read through by read_ahead_readers readers",
+            registry=r,
+        )
         self.cache_bytes = Gauge("tieredstore_read_ahead_bytes", "Bytes held by the read-ahead cache", registry=r)
         self.cold_reads = Counter(
             "tieredstore_cold_reads", "Range reads sent to cold storage", ["file_type"], registry=r

@@ -9,7 +9,7 @@ import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.read.helpers import append_records, config_for_backend, counting_reads, make_record
-from tieredstore.fetcher import CachedRun, ReadAheadBatch, ReadAheadCache
+from tieredstore.fetcher import CachedRun, MessageFilter, ReadAheadBatch, ReadAheadCache
 from tieredstore.formats.naming import FileType
 from tieredstore.metrics import Metrics
 from tieredstore.store import AsyncTieredMessageStore
@@ -99,6 +99,33 @@ def test_one_batch_serves_any_run_inside_it_and_is_evicted_whole() -> None:
     assert _value(metrics.cache_hits) == 15 and _value(metrics.cache_misses) == 3
 
 
+def test_a_batch_is_released_once_readers_have_been_served_its_last_record() -> None:
+    metrics = Metrics()
+    cache = ReadAheadCache(10_000, 15.0, metrics=metrics, clock=FakeClock(), readers=2)
+    batch = _batch(0, 100, records=10)
+    cache.put(batch)
+    cache.read_through(batch)  # the first of two readers is through it: it stays for the second
+    assert _offsets(cache.get_run("T", 0, 0, 10)) == list(range(10))
+    cache.read_through(batch)
+    assert cache.get_run("T", 0, 0, 1) == [] and len(cache) == 0 and cache.size_bytes == 0
+    assert _value(metrics.cache_released) == 10 and _value(metrics.cache_evictions) == 0
+    assert metrics.cache_bytes._value.get() == 0
+    # a batch no longer cached (replaced by a re-read of its place) is not released in the other's stead
+    replaced, current = _batch(20, 100, records=5), _batch(20, 100, records=5)
+    cache.put(replaced)
+    cache.put(current)
+    cache.read_through(replaced)
+    cache.read_through(replaced)
+    assert _offsets(cache.get_run("T", 0, 20, 5)) == list(range(20, 25))
+    # readers=0 keeps batches until they expire or are evicted
+    keeping = ReadAheadCache(10_000, 15.0, clock=FakeClock(), readers=0)
+    kept = _batch(0, 100, records=10)
+    keeping.put(kept)
+    for _ in range(3):
+        keeping.read_through(kept)
+    assert len(keeping) == 10
+
+
 def test_a_batch_found_last_that_was_replaced_or_evicted_is_not_served() -> None:
     """Lookups start with the batch found last; one replaced by a shorter batch at the same offset, or
     evicted, must answer for what the cache holds now."""
@@ -123,11 +150,12 @@ async def test_a_full_cache_is_bypassed_reading_only_what_is_asked(
 ) -> None:
     records = [make_record(TOPIC, 0, n, body=bytes(400)) for n in range(400)]
     record_size = len(records[0])
-    # room for 100 records: a 4096-message read-ahead would overflow it at once
+    # room for 100 records: a 4096-message read-ahead would overflow it at once. Windows read through are
+    # kept (as for consumer groups that each read them), so that the cache stays full
     config = config_for_backend(
         tmp_path,
         ProviderBackend("memory", f"memory://bypass-{tmp_path.name}"),
-        read={"read_ahead_cache_bytes": 100 * record_size, "read_ahead_count": 90},
+        read={"read_ahead_cache_bytes": 100 * record_size, "read_ahead_count": 90, "read_ahead_readers": 0},
     )
     clock = FakeClock()
     with counting_reads(monkeypatch) as reads:
@@ -186,3 +214,58 @@ async def test_cache_ttl_decides_whether_a_consumer_coming_back_reads_storage_ag
             clock.now += 16
             assert len((await store.get_messages(TOPIC, 0, 30, 10)).messages) == 10
             assert reads.count() == 3  # untouched for 16 s: gone, read from storage again (units, then records)
+
+
+@pytest.mark.parametrize(
+    ("readers", "filtered", "batch"),
+    [(1, False, 32), (2, False, 32), (1, False, 25), (2, False, 25), (1, True, 32), (2, True, 32)],
+)
+async def test_windows_read_through_by_every_reader_leave_the_cache_and_storage_is_read_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, filtered: bool, batch: int
+) -> None:
+    """``read_ahead_readers`` consumer groups going through a queue: each window is read from storage once,
+    served to every group from the cache, and released when the last one is through it, so a cache
+    holds the windows ahead of the readers, not the queue they have read. Batches of 25 end exactly at
+    each window's end (the fast path for a reader going on inside a window); a filter that passes only
+    even offsets reads through windows as well."""
+    wanted = MessageFilter(predicate=lambda record: record.queue_offset % 2 == 0) if filtered else None
+    records = [make_record(TOPIC, 0, n, body=bytes(200)) for n in range(300)]
+    config = config_for_backend(
+        tmp_path,
+        ProviderBackend("memory", f"memory://release-{tmp_path.name}"),
+        read={"read_ahead_count": 100, "read_ahead_readers": readers},
+    )
+
+    def expected(begin: int, end: int) -> list[int]:
+        return [offset for offset in range(begin, end) if not filtered or offset % 2 == 0]
+
+    async def consume(store: AsyncTieredMessageStore, begin: int, end: int) -> list[int]:
+        served: list[int] = []
+        offset = begin
+        # At the queue's end a filtering reader asks once more after its last match and scans the rest.
+        while offset < end and (expected(offset, end) or end == len(records)):
+            count = max(1, min(batch, len(expected(offset, end))))
+            result = await store.get_messages(TOPIC, 0, offset, count, wanted)
+            served += [message.queue_offset for message in result.messages]
+            offset = result.next_begin_offset
+        return served
+
+    with counting_reads(monkeypatch) as reads:
+        async with AsyncTieredMessageStore.open(config, hot=False) as store:
+            await append_records(store.runtime, TOPIC, 0, records, index=False)
+            reads.clear()
+            cache, metrics = store.fetcher.cache, store.runtime.metrics
+            # every group reads the first window and half the second, one after another
+            for _group in range(readers):
+                assert await consume(store, 0, 150) == expected(0, 150)
+            await store.fetcher.wait_for_prefetches()
+            # window [0, 100) is gone; [100, 200), half read, is still cached and [200, 300) is read ahead
+            assert cache.get_run(TOPIC, 0, 0, 1) == []
+            assert _offsets(cache.get_run(TOPIC, 0, 100, 200)) == list(range(100, 200))
+            assert store.fetcher.prefetching == 1
+            assert _value(metrics.cache_released) == 100
+            for _group in range(readers):
+                assert await consume(store, 150, 300) == expected(150, 300)
+            assert len(cache) == 0 and cache.size_bytes == 0
+            assert _value(metrics.cache_released) == 300
+            assert reads.count(FileType.COMMIT_LOG) == 3, "each window read from storage once, for every group"

@@ -39,14 +39,18 @@ async def _store(
     cache_records: int | None = None,
     posix: bool = False,
     handoff: float | None = None,
+    readers: int | None = None,
 ) -> AsyncIterator[tuple[AsyncTieredMessageStore, FlatMessageFile, str]]:
     """A cold-only store holding ``records`` messages of queue 0, windows of 100, the read log cleared.
 
     ``cache_records``: a read-ahead cache with room for that many records (default: the default bound).
     ``posix``: cold storage is a directory (read in worker threads), not the memory provider.
+    ``readers``: ``read_ahead_readers`` (default: the default, 1).
     """
     url = str(tmp_path / "cold") if posix else f"memory://prefetch-{tmp_path.name}"
     read: dict[str, float] = {"read_ahead_count": WINDOW}
+    if readers is not None:
+        read["read_ahead_readers"] = readers
     if cache_records is not None:
         read["read_ahead_cache_bytes"] = cache_records * len(make_record(TOPIC, 0, 0, body=bytes(BODY)))
     if handoff is not None:
@@ -212,9 +216,10 @@ async def test_a_reader_going_on_inside_a_window_sees_what_was_archived_meanwhil
 async def test_prefetching_stays_within_the_cache_bypass_threshold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # room for 250 records: the bypass threshold (80%) is 200, two windows
+    # room for 250 records: the bypass threshold (80%) is 200, two windows; windows read through are kept
+    # (as for two consumer groups), so that the cache fills
     with counting_reads(monkeypatch) as reads:
-        async with _store(tmp_path, reads, 400, cache_records=250) as (store, _flat_file, _url):
+        async with _store(tmp_path, reads, 400, cache_records=250, readers=0) as (store, _flat_file, _url):
             await store.get_messages(TOPIC, 0, 0, 32)
             await store.fetcher.wait_for_prefetches()
             assert reads.count(FileType.COMMIT_LOG) == 2  # window 1 cached, window 2 fits beside it
@@ -402,7 +407,8 @@ async def test_a_reader_served_from_the_cache_lets_worker_threads_run_while_pref
     from the cache holds it, and the interpreter makes a busy thread let go only every switch interval
     (5 ms): while a prefetch is in flight, the reader hands the GIL over every millisecond instead."""
     with counting_reads(monkeypatch) as reads:
-        async with _store(tmp_path, reads, 300) as (store, _flat_file, _url):
+        # the reader goes through the first window again and again: it stays cached (readers=0)
+        async with _store(tmp_path, reads, 300, readers=0) as (store, _flat_file, _url):
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [100, 200) hangs
             await store.get_messages(TOPIC, 0, 0, 32)
             assert store.fetcher.prefetching == 1
