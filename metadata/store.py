@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import (
     BindParameter,
@@ -646,29 +646,45 @@ class MetadataStore:
             raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
         return queue
 
+    @overload
     def get_queue_with_segments(
-        self, topic: str, queue_id: int, path: str, file_types: Sequence[str]
-    ) -> tuple[QueuePosition, dict[str, list[SegmentRecord]]]:
+        self, topic: str, queue_id: int, path: str, file_types: Sequence[str], *, unless: None = None
+    ) -> tuple[QueuePosition, dict[str, list[SegmentRecord]]]: ...
+
+    @overload
+    def get_queue_with_segments(
+        self, topic: str, queue_id: int, path: str, file_types: Sequence[str], *, unless: QueuePosition
+    ) -> tuple[QueuePosition, dict[str, list[SegmentRecord]]] | None: ...
+
+    def get_queue_with_segments(
+        self, topic: str, queue_id: int, path: str, file_types: Sequence[str], *, unless: QueuePosition | None = None
+    ) -> tuple[QueuePosition, dict[str, list[SegmentRecord]]] | None:
         """``get_queue``, then ``list_segments`` of each of ``file_types``, in one session and two statements.
 
         What a read-only view of a queue loads, in one round trip to the database thread instead of one
         per file. The position is read first, as separate calls would, so a commit in between only makes
         the segment rows longer than the position counts.
+
+        ``unless``: None when the queue's row is still exactly that position, without reading the
+        segment rows. Every update of the row bumps its version (a commit, retention moving the minimum,
+        a lease), so a view that finds its position unchanged has nothing new to load.
         """
         kinds = {_file_type(name): name for name in file_types}
         segments: dict[str, list[SegmentRecord]] = {name: [] for name in file_types}
         with self._reading("read a queue and its segments") as session:
             connection = session.connection()
             row = connection.execute(_QUEUE_ROW, {"topic": topic, "queue_id": queue_id}).first()
-            if row is not None:
-                found = connection.execute(
-                    _SEGMENT_ROWS, {"path": path, "kinds": list(kinds), "statuses": list(LIVE_SEGMENT_STATUSES)}
-                )
-                for segment in found:
-                    segments[kinds[segment.file_type]].append(_segment_record(segment))
-        if row is None:
-            raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
-        return _queue_position(topic, row), segments
+            if row is None:
+                raise NotFoundError(f"queue {topic}/{queue_id} is not in the metadata store")
+            position = _queue_position(topic, row)
+            if position == unless:
+                return None
+            found = connection.execute(
+                _SEGMENT_ROWS, {"path": path, "kinds": list(kinds), "statuses": list(LIVE_SEGMENT_STATUSES)}
+            )
+            for segment in found:
+                segments[kinds[segment.file_type]].append(_segment_record(segment))
+        return position, segments
 
     def list_queues(self, topic: str | None = None) -> list[QueuePosition]:
         """Every queue (of one topic, or of all), in one query: what a restart reads first."""

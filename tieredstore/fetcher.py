@@ -803,17 +803,19 @@ class MessageFetcher:
             return await self.flat.get_or_create(topic, queue_id)
         return None
 
-    async def refresh_cold(self, topic: str, queue_id: int) -> bool:
+    async def refresh_cold(self, topic: str, queue_id: int, *, if_changed: bool = False) -> bool:
         """Re-read a read-only view's rows (see what another process committed); False if there is none.
 
-        A queue deleted since (its topic was removed) loses its view, so it reads as unknown.
+        ``if_changed``: only when the queue's metadata row changed (``FlatMessageFile.refresh``), for a
+        reader asking for what is new, not one that found a segment gone. A queue deleted since (its
+        topic was removed) loses its view, so it reads as unknown.
         """
         _validate_queue(topic, queue_id)
         view = self._views.get((topic, queue_id))
         if view is None:
             return False
         try:
-            await view.refresh()
+            await view.refresh(if_changed=if_changed)
         except NotFoundError:
             del self._views[(topic, queue_id)]
             self._continuations.pop((topic, queue_id), None)  # nor keep the view alive through it
@@ -865,7 +867,7 @@ class MessageFetcher:
 
     async def max_offset(self, topic: str, queue_id: int) -> int:
         if self.read_only_cold:
-            await self.refresh_cold(topic, queue_id)
+            await self.refresh_cold(topic, queue_id, if_changed=True)
         return (await self.offsets(topic, queue_id)).max_offset
 
     # ---- get_messages -------------------------------------------------------------------------------
@@ -951,7 +953,7 @@ class MessageFetcher:
             self.read_only_cold
             and offset >= view.cold_max
             and self._cold_first(topic, queue_id, offset, view)
-            and await self.refresh_cold(topic, queue_id)
+            and await self.refresh_cold(topic, queue_id, if_changed=True)
         ):
             # The read reached the view's end: look for later commits. Not when the policy serves the offset
             # from the hot store anyway: a consumer reading recent messages would query metadata every call.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tieredstore.errors import NotFoundError, ReadOnlyError
-from tieredstore.flat import FlatFileSettings, FlatFileStore, check_queue_invariant
+from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import decode
 from tieredstore.formats.naming import FileType
@@ -59,12 +59,18 @@ async def test_a_view_reads_what_is_recorded_and_refuses_every_write(
     assert metadata.get_queue(TOPIC, 0).max_offset == 20
 
 
+async def committed_writer(provider: MemoryProvider, metadata: MetadataStore, end: int) -> FlatMessageFile:
+    """The archiver's queue 0 with offsets [0, end) committed."""
+    writer = await new_store(provider, metadata).get_or_create(TOPIC, 0)
+    await append_range(writer, 0, end)
+    await writer.commit()
+    return writer
+
+
 async def test_a_view_never_removes_bytes_the_archiver_has_not_recorded_yet(
     memory_provider: MemoryProvider, metadata: MetadataStore
 ) -> None:
-    writer = await new_store(memory_provider, metadata).get_or_create(TOPIC, 0)
-    await append_range(writer, 0, 5)
-    await writer.commit()
+    writer = await committed_writer(memory_provider, metadata, 5)
     await append_range(writer, 5, 8)
     await writer.consume_queue.commit()  # durable in storage, not yet recorded in metadata
     before = volume_snapshot(memory_provider)
@@ -79,6 +85,25 @@ async def test_a_view_never_removes_bytes_the_archiver_has_not_recorded_yet(
     await view.refresh()  # ... and a refresh sees it
     assert view.archived_offset == 8
     assert [decode(r).queue_offset for r in await view.read_messages(5, 10)] == [5, 6, 7]
+
+
+async def test_a_view_refreshed_if_changed_loads_again_only_after_a_commit(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    writer = await committed_writer(memory_provider, metadata, 5)
+    view = await new_store(MemoryProvider(memory_provider.url), metadata).open_read_only(TOPIC, 0)
+    held = view.consume_queue.held()
+
+    assert await view.refresh(if_changed=True) is False  # nothing since it loaded: nothing loaded again
+    assert view.consume_queue.held() is held and view.archived_offset == 5
+    await append_range(writer, 5, 8)
+    await writer.consume_queue.commit()  # in storage, not recorded yet: still nothing for a view
+    assert await view.refresh(if_changed=True) is False and view.archived_offset == 5
+    await writer.commit()
+    assert await view.refresh(if_changed=True) is True
+    assert view.archived_offset == 8
+    assert [decode(r).queue_offset for r in await view.read_messages(5, 10)] == [5, 6, 7]
+    assert await view.refresh() is True  # a plain refresh always loads
 
 
 async def test_a_view_stops_at_the_recorded_archived_offset(

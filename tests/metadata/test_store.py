@@ -155,6 +155,30 @@ def test_a_queue_with_its_segments_is_what_get_queue_and_list_segments_give(stor
         store.get_queue_with_segments("TopicA", 5, QUEUE_PATH, types)
 
 
+def test_a_queue_whose_row_has_not_changed_is_not_read_again_with_its_segments(store: MetadataStore) -> None:
+    """What a read-only view polling at a queue's end asks: anything since this position? One statement if not."""
+    from sqlalchemy import event
+
+    store.get_or_create_queue("TopicA", 0)
+    store.add_segment(QUEUE_PATH, FileType.COMMIT_LOG, 0)
+    types = (FileType.COMMIT_LOG.value, FileType.CONSUME_QUEUE.value)
+    position, _segments = store.get_queue_with_segments("TopicA", 0, QUEUE_PATH, types)
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+
+    assert store.get_queue_with_segments("TopicA", 0, QUEUE_PATH, types, unless=position) is None
+    queries = [text for text in statements if text.lstrip().upper().startswith("SELECT")]
+    assert len(queries) == 1 and "FROM queues" in queries[0], "the queue row only"
+
+    store.update_queue("TopicA", 0, expected_version=position.version, max_offset=10)  # a commit
+    changed = store.get_queue_with_segments("TopicA", 0, QUEUE_PATH, types, unless=position)
+    assert changed is not None
+    assert changed[0] == store.get_queue("TopicA", 0) and changed[0].max_offset == 10
+    assert [s.base_offset for s in changed[1][FileType.COMMIT_LOG.value]] == [0]
+    with pytest.raises(NotFoundError, match="TopicA/5"):
+        store.get_queue_with_segments("TopicA", 5, QUEUE_PATH, types, unless=position)
+
+
 def test_delete_segments_under_a_path_takes_only_that_subtree(store: MetadataStore) -> None:
     # '_' and '%' are legal in topic names and must not act as LIKE wildcards.
     store.add_segment("c/b/Topic_1/0", FileType.COMMIT_LOG, 0)

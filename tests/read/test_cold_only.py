@@ -148,6 +148,36 @@ async def test_an_application_reading_recent_messages_from_the_hot_store_queries
         assert statements != []
 
 
+async def test_a_reader_polling_at_a_queues_end_reads_one_metadata_row_until_something_is_committed(
+    tmp_path: Path,
+) -> None:
+    """At the end of its view a cold reader looks for later commits on every call: with nothing new, that
+    is the queue's row alone (reloading the view's segment rows cost ~3x more), and a commit is seen."""
+    from sqlalchemy import event
+
+    config = make_config(tmp_path / "node")
+    async with AsyncTieredMessageStore.open(config, owns_cold=True) as archiver:
+        for n in range(20):
+            await archiver.put_message(TOPIC, 0, f"old {n}".encode())
+        await archive_hot(archiver.runtime, TOPIC, 0)
+        async with AsyncTieredMessageStore.open(config, hot=False) as reader:
+            assert len((await reader.get_messages(TOPIC, 0, 0, 32)).messages) == 20
+            statements: list[str] = []
+            event.listen(
+                reader.runtime.metadata.engine, "before_cursor_execute", lambda *args: statements.append(args[2])
+            )
+            for _poll in range(3):
+                assert (await reader.get_messages(TOPIC, 0, 20)).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+            queries = [text for text in statements if text.lstrip().upper().startswith("SELECT")]
+            assert len(queries) == 3 and all("FROM queues" in text for text in queries)
+            for n in range(20, 25):
+                await archiver.put_message(TOPIC, 0, f"new {n}".encode())
+            await archive_hot(archiver.runtime, TOPIC, 0)
+            fresh = await reader.get_messages(TOPIC, 0, 20, 32)
+            assert [m.body for m in fresh.messages] == [f"new {n}".encode() for n in range(20, 25)]
+            assert await reader.get_max_offset(TOPIC, 0) == 25
+
+
 @pytest.mark.parametrize("provider_factory", ["s3"], indirect=True)
 async def test_an_opened_store_has_its_s3_client_built_before_the_first_read(
     tmp_path: Path, provider_factory: ProviderBackend

@@ -242,11 +242,31 @@ class FlatMessageFile:
             self.consume_queue._initial_offset = position.max_offset * UNIT_SIZE
         self.commit_log.load(commit_log_records)
 
-    async def refresh(self) -> None:
-        """Re-read this read-only view's position and segment rows: see what was committed since."""
+    async def refresh(self, *, if_changed: bool = False) -> bool:
+        """Re-read this read-only view's position and segment rows: see what was committed since.
+
+        ``if_changed``: the segment rows only when the queue's row is not the position this view holds
+        (one query of one row when nothing happened: what a reader polling at the queue's end pays).
+        Whether the view was loaded again.
+        """
         if not self.read_only:
             raise ValidationError(f"{self}: only a read-only view is refreshed; the archiver's copy is current")
-        self._load(*await read_view_rows(self.metadata, self.topic, self.queue_id, self.path))
+        if not if_changed:
+            self._load(*await read_view_rows(self.metadata, self.topic, self.queue_id, self.path))
+            return True
+        rows = await asyncio.to_thread(
+            self.metadata.get_queue_with_segments,
+            self.topic,
+            self.queue_id,
+            self.path,
+            _VIEW_FILE_TYPES,
+            unless=self._position,
+        )
+        if rows is None:
+            return False
+        position, segments = rows
+        self._load(position, segments[FileType.COMMIT_LOG.value], segments[FileType.CONSUME_QUEUE.value])
+        return True
 
     # ---- positions -------------------------------------------------------------------------------
 
