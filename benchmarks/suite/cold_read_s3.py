@@ -124,7 +124,9 @@ def cold_read_s3(ctx: BenchmarkContext) -> None:
         "Ours' GET and LIST counts include opening the store (a LIST per cold segment when it is first read); "
         "the requests are counted from the moto server's log. Ours reads up to two windows of a queue ahead of "
         "its reader, each window's GET sent as soon as the one before it has been split, so only each queue's "
-        "first GET is waited for with nothing else to do; the store is opened (its S3 client built) before "
-        "the clock starts, as the baseline's client is made before its own; cpu_us_per_message is the reading "
+        "first GET is waited for with nothing else to do, and each window leaves the cache once read through "
+        "(`read_ahead_readers` = 1, the default), so later windows land in memory freed by earlier ones; the "
+        "store is opened (its S3 client built) before the clock starts, as the baseline's client is made "
+        "before its own; cpu_us_per_message is the reading "
         "process's own CPU (the moto server's is not in it)."
     )
