@@ -39,9 +39,11 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -126,8 +128,10 @@ _OPTION_QUERY_KEYS = frozenset(
         "connect_timeout",
         "read_timeout",
         "max_pool_connections",
+        "receive_buffer_bytes",
     }
 )
+_RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
 _CREDENTIAL_QUERY_KEYS = frozenset(
     {"access_key_id", "secret_access_key", "session_token", "aws_access_key_id", "aws_secret_access_key"}
 )
@@ -232,6 +236,9 @@ class S3Options:
     it wait for a free connection. It should cover every call in flight at once on one provider, which in
     a runtime is the archiver's pending commits and the readers' fetches together, so the default is 32
     rather than botocore's 10; connections are opened only as calls need them.
+
+    ``receive_buffer_bytes`` is the socket receive buffer the GET connections ask for (0: the kernel sizes
+    it; see ``ask_for_receive_buffer``).
     """
 
     endpoint_url: str | None = None
@@ -249,6 +256,7 @@ class S3Options:
     retry_max_delay: float = 5.0
     list_page_size: int = 1000
     max_pool_connections: int = 32
+    receive_buffer_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         if self.addressing_style not in ("auto", "path", "virtual"):
@@ -265,6 +273,8 @@ class S3Options:
             raise ConfigError("connect_timeout and read_timeout must be positive")
         if self.max_pool_connections < 1:
             raise ConfigError(f"max_pool_connections must be at least 1, not {self.max_pool_connections}")
+        if self.receive_buffer_bytes < 0:
+            raise ConfigError(f"receive_buffer_bytes must be 0 (the kernel's) or more, not {self.receive_buffer_bytes}")
         if not 1 <= self.list_page_size <= 1000:
             raise ConfigError(f"list_page_size must be within 1..1000, not {self.list_page_size}")
 
@@ -281,7 +291,7 @@ class S3Options:
             if name not in _OPTION_QUERY_KEYS:
                 raise ConfigError(f"unknown S3 URL parameter {name!r}; known: {sorted(_OPTION_QUERY_KEYS)}")
             values[name] = value
-        for name in ("max_attempts", "max_pool_connections"):
+        for name in ("max_attempts", "max_pool_connections", "receive_buffer_bytes"):
             if name in values:
                 values[name] = _parse_number(name, values[name], int)
         for name in ("connect_timeout", "read_timeout"):
@@ -302,6 +312,37 @@ class S3Options:
         if self.sse_kms_key_id is not None:
             arguments["SSEKMSKeyId"] = self.sse_kms_key_id
         return arguments
+
+
+def receive_buffer_granted(size: int) -> bool:
+    """Whether the kernel gives a socket a receive buffer of ``size`` bytes whole (Linux: ``net.core.rmem_max``)."""
+    try:
+        return int(_RMEM_MAX.read_text(encoding="ascii")) >= size
+    except (OSError, ValueError):
+        return False  # not Linux, or not readable here: leave the buffer to the kernel
+
+
+def ask_for_receive_buffer(client: Any, size: int) -> bool:
+    """Have the new connections of a botocore client ask for a ``size``-byte socket receive buffer; whether
+    they will.
+
+    A GET's worker thread takes the GIL for each piece of the response it reads off the socket. Beside a
+    reader serving from the cache it waits for the GIL, and while it waits, the kernel's receive buffer
+    fills and the server stops sending: with the buffer the kernel sizes itself, 128 KiB on a new
+    connection growing only as fast as the thread drains it, a GET of a 3.6 MB window took 8.0 ms beside
+    the reader and 6.5 ms alone; with 4 MiB, 6.4 and 5.4 (BENCHMARKS.md, ``cold_read_s3``). Asked only
+    where the kernel grants the whole size: a socket given SO_RCVBUF is no longer autotuned and gets at
+    most ``rmem_max``, which is 208 KiB on a stock Linux, so asking there would make the buffer smaller.
+    The client's HTTP session keeps its socket options in a list that its connection pools share
+    (botocore's ``URLLib3Session``); the option is added to it.
+    """
+    if size <= 0 or not receive_buffer_granted(size):
+        return False
+    options = getattr(getattr(getattr(client, "_endpoint", None), "http_session", None), "_socket_options", None)
+    if not isinstance(options, list):
+        return False  # a botocore whose session keeps them otherwise: the kernel's buffer, as before
+    options.append((socket.SOL_SOCKET, socket.SO_RCVBUF, size))
+    return True
 
 
 def _parse_number(name: str, text: str, kind: Callable[[str], T]) -> T:
@@ -670,6 +711,7 @@ class S3Provider(ChunkedProvider):
             aws_session_token=options.session_token,
             config=botocore.config.Config(**self._config_arguments()),
         )
+        ask_for_receive_buffer(client, options.receive_buffer_bytes)
         client.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
         client.meta.events.register("before-send.s3.GetObject", capture_sent_url)
         client.meta.events.register("before-send.s3.PutObject", capture_sent_url)

@@ -52,6 +52,8 @@ class S3Settings(_Section):
     max_attempts: int = Field(default=5, ge=1, le=50)
     # Connections one provider may hold open: cover the archiver's max_pending_commits plus concurrent readers.
     max_pool_connections: int = Field(default=32, ge=1, le=1024)
+    # The socket receive buffer GET connections ask for, where the kernel grants it whole (0: its own).
+    receive_buffer_bytes: int = Field(default=4 * MIB, ge=0)
 
 
 class HotSettings(_Section):
@@ -236,6 +238,7 @@ class TieredStoreConfig(BaseSettings):
             "sse_kms_key_id": s3.sse_kms_key_id,
             "max_attempts": s3.max_attempts,
             "max_pool_connections": s3.max_pool_connections,
+            "receive_buffer_bytes": s3.receive_buffer_bytes,
         }
         for name in ("access_key_id", "secret_access_key", "session_token"):
             secret: SecretStr | None = getattr(s3, name)

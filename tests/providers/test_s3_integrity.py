@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import socket
 import zlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3.util.connection
 
 from tests.fixtures.faultproxy import NO_FAULTS, FaultProxy, FaultRates
 from tests.fixtures.s3 import S3Server
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, segment_key
+from tieredstore.providers import s3 as s3_module
 from tieredstore.providers.s3 import S3Options, S3Provider, check_response_checksum
 
 QUEUE = "c1_cluster/broker-a/TopicTest/0"
@@ -89,6 +94,59 @@ def test_pool_size_default_from_the_url_and_bad_values() -> None:
         S3Options(max_pool_connections=0)
     with pytest.raises(ConfigError, match="must be a number"):
         S3Options.from_query("max_pool_connections=many")
+
+
+@pytest.mark.parametrize(
+    ("rmem_max", "asked", "granted"),
+    [
+        pytest.param("8388608", 4 << 20, True, id="granted"),
+        pytest.param("212992", 4 << 20, False, id="stock-linux-cap"),
+        pytest.param("8388608", 0, False, id="switched-off"),
+    ],
+)
+async def test_get_connections_ask_for_the_receive_buffer_where_the_kernel_grants_it_whole(
+    s3_bucket_url: str,
+    s3_options: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rmem_max: str,
+    asked: int,
+    granted: bool,
+) -> None:
+    """A GET's connection can take in a whole window while its thread waits for the GIL; where the kernel
+    would cap the buffer below what it autotunes to, or with 0, the kernel sizes it as before."""
+    limit = tmp_path / "rmem_max"
+    limit.write_text(f"{rmem_max}\n", encoding="ascii")
+    monkeypatch.setattr(s3_module, "_RMEM_MAX", limit)
+    buffers: list[int] = []
+    real = urllib3.util.connection.create_connection
+
+    def recording(*args: Any, **kwargs: Any) -> socket.socket:
+        sock = real(*args, **kwargs)
+        buffers.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        return sock
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", recording)
+    data = os.urandom(1 << 20)
+    async with S3Provider(s3_bucket_url, **s3_options, receive_buffer_bytes=asked) as provider:
+        await provider.store.put("probe/object", data)
+        for _ in range(2):  # through the client, then the direct requests learned from it
+            assert await provider.store.get_range("probe/object", 0, len(data)) == data
+    assert len(buffers) >= 3, "the PUT and both GETs opened connections"
+    if granted:
+        assert min(buffers) >= asked  # Linux reports twice the size set
+    else:
+        assert max(buffers) < 4 << 20  # the kernel's starting size (net.ipv4.tcp_rmem)
+
+
+def test_receive_buffer_option_defaults_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert S3Options().receive_buffer_bytes == 4 << 20
+    assert S3Options.from_query("receive_buffer_bytes=0").receive_buffer_bytes == 0
+    with pytest.raises(ConfigError, match="receive_buffer_bytes"):
+        S3Options(receive_buffer_bytes=-1)
+    assert TieredStoreConfig().s3_options()["receive_buffer_bytes"] == 4 << 20
+    monkeypatch.setenv("TIEREDSTORE_S3__RECEIVE_BUFFER_BYTES", "0")
+    assert S3Options(**TieredStoreConfig().s3_options()).receive_buffer_bytes == 0
 
 
 def test_the_pool_size_comes_from_the_config_file_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
