@@ -50,16 +50,18 @@ window then fails its check cancels what it started). The reader who reaches a w
 call reads again), which starts the one after the last ahead; a reader who goes elsewhere cancels
 them, and ``close`` cancels them all. A prefetched window counts a
 miss when its reader reaches it, as a window read then would: the hit and miss metrics do not depend
-on prefetching. While prefetches are in flight, ``get_messages`` yields to the event loop once per
-call so they progress even when every call is served from the cache.
+on prefetching. While prefetches are in flight, a call served from the cache gives the event loop a
+turn at most once a millisecond, after a 50 µs sleep that hands the GIL to the worker threads reading
+them, so they progress even when every call is served from the cache.
 
 **Read-ahead cache.** Each window is kept as one entry, a ``ReadAheadBatch`` (the commit-log bytes as
 read, each record's place in them, the check's outcome), under (topic, queue, first offset): one cache
 operation per read ahead, not per record. The cache is bounded in bytes (``read_ahead_cache_bytes``,
 each batch weighing its bytes) and a batch expires ``read_ahead_ttl`` after its last access (a hit on
-any of its records renews it). While the cache holds more than 80% of its bound, misses read only
-what the request needs and add nothing to it. Hits and misses are metrics, and so are evictions (by
-size or by age), counted in records.
+any of its records renews it); a batch whose last record has been served to ``read_ahead_readers``
+readers (consumer groups) is released at once (``ReadAheadCache.read_through``). While the cache holds
+more than 80% of its bound, misses read only what the request needs and add nothing to it. Hits and
+misses are metrics, and so are evictions (by size or by age) and releases, counted in records.
 
 **Decoding.** ``FetchedMessage.record`` decodes a record (hosts, properties) on first access, so a
 consumer that wants the bytes or the body pays for no more. Hot records are checked as they are
@@ -68,8 +70,9 @@ served (``verify_served``), one by one.
 **Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
 that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
 may be about to record. Each queue is a read-only view (``FlatFileStore.open_read_only``), refreshed
-from metadata when a read reaches its end, when the max offset is asked for, and once when a segment
-it names is gone (the archiver's retention removed it), so later commits by another process are seen.
+from metadata when a read reaches its end and when the max offset is asked for (its segment rows only
+when the queue's row changed), and wholly once when a segment it names is gone (the archiver's
+retention removed it), so later commits by another process are seen.
 
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
 hash is checked first where the window was read by its units, then the record's real TAGS, so a hash
@@ -276,7 +279,7 @@ class ReadAheadBatch:
     tag_hashes: list[int] | None = field(repr=False)
     commitlog_start: int = 0
     corrupt: dict[int, CorruptRecordError] = field(default_factory=dict, repr=False)
-    read_through: int = field(default=0, repr=False)  # how many times its last record was served
+    passes: int = field(default=0, repr=False)  # how many times a reader has been served its last record
 
     @property
     def end_offset(self) -> int:
@@ -551,8 +554,8 @@ class ReadAheadCache:
 
     def read_through(self, batch: ReadAheadBatch) -> None:
         """A reader has been served ``batch``'s last record: once ``readers`` have, the batch is released."""
-        batch.read_through += 1
-        if not self.readers or batch.read_through < self.readers:
+        batch.passes += 1
+        if not self.readers or batch.passes < self.readers:
             return
         key = (batch.topic, batch.queue_id, batch.first_offset)
         entry = self._entries.get(key)
@@ -1397,16 +1400,17 @@ class MessageFetcher:
         """Cancel the queue's windows read ahead that begin after ``offset``."""
         ahead = self._prefetches.get(key, [])
         kept = [prefetch for prefetch in ahead if prefetch.offset <= offset]
-        for prefetch in ahead[len(kept) :]:
-            self._prefetch_bytes -= prefetch.reserved_bytes
-            prefetch.task.cancel()
+        self._cancel(ahead[len(kept) :])
         if kept:
             self._prefetches[key] = kept
         else:
             self._prefetches.pop(key, None)
 
     def _forget_prefetches(self, key: tuple[str, int]) -> None:
-        for prefetch in self._prefetches.pop(key):
+        self._cancel(self._prefetches.pop(key))
+
+    def _cancel(self, prefetches: list[_Prefetch]) -> None:
+        for prefetch in prefetches:
             self._prefetch_bytes -= prefetch.reserved_bytes
             prefetch.task.cancel()
 

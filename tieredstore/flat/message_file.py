@@ -251,17 +251,14 @@ class FlatMessageFile:
         """
         if not self.read_only:
             raise ValidationError(f"{self}: only a read-only view is refreshed; the archiver's copy is current")
-        if not if_changed:
-            self._load(*await read_view_rows(self.metadata, self.topic, self.queue_id, self.path))
-            return True
-        rows = await asyncio.to_thread(
-            self.metadata.get_queue_with_segments,
-            self.topic,
-            self.queue_id,
-            self.path,
-            _VIEW_FILE_TYPES,
-            unless=self._position,
-        )
+        unless = self._position if if_changed else None
+
+        def load() -> tuple[QueuePosition, dict[str, list[SegmentRecord]]] | None:
+            return self.metadata.get_queue_with_segments(
+                self.topic, self.queue_id, self.path, _VIEW_FILE_TYPES, unless=unless
+            )
+
+        rows = await asyncio.to_thread(load)
         if rows is None:
             return False
         position, segments = rows
