@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.formats.arrays import (
     IPV4_RECORD_HEAD_DTYPE,
     RECORD_HEAD_DTYPE,
@@ -17,7 +16,7 @@ from tieredstore.formats.arrays import (
 from tieredstore.formats.consume_queue import iter_units
 from tieredstore.formats.message import SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, iter_records
 
-FIXTURES = Path("/work/shared/fixtures/rocketmq")
+FIXTURES = ROCKETMQ_FIXTURES
 
 
 @pytest.fixture(scope="module")

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, encode_units, iter_units
 from tieredstore.formats.message import iter_records, tag_hash
 
-FIXTURE = Path("/work/shared/fixtures/rocketmq/rust-0.9.0-writer")
+FIXTURE = ROCKETMQ_FIXTURES / "rust-0.9.0-writer"
 
 
 def test_rust_consume_queue_units_point_at_its_commit_log_records() -> None:

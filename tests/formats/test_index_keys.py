@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError
 from tieredstore.formats.message import (
     HostAddress,
@@ -19,7 +20,7 @@ from tieredstore.formats.message import (
     properties_raw_of,
 )
 
-FIXTURES = Path("/work/shared/fixtures/rocketmq")
+FIXTURES = ROCKETMQ_FIXTURES
 COMMIT_LOGS = [
     FIXTURES / "java-4x-consumequeuetest" / "commitlog" / "00000000000000000000",
     FIXTURES / "rust-0.9.0-writer" / "commitlog" / "00000000000000000000",

@@ -6,12 +6,12 @@ import hashlib
 import itertools
 import struct
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
 from tieredstore.formats.message import (
     MAGIC_BLANK,
@@ -38,7 +38,7 @@ from tieredstore.formats.message import (
     verify_record,
 )
 
-FIXTURES = Path("/work/shared/fixtures/rocketmq")
+FIXTURES = ROCKETMQ_FIXTURES
 JAVA_COMMIT_LOG = FIXTURES / "java-4x-consumequeuetest" / "commitlog" / "00000000000000000000"
 RUST_COMMIT_LOG = FIXTURES / "rust-0.9.0-writer" / "commitlog" / "00000000000000000000"
 

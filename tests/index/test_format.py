@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError, IntegrityError
 from tieredstore.formats.message import java_string_hash
 from tieredstore.index.format import (
@@ -33,7 +32,7 @@ from tieredstore.index.format import (
     unsealed_slot_position,
 )
 
-FIXTURE = Path("/work/shared/fixtures/rocketmq/rust-0.9.0-writer/index/20260815011551705")
+FIXTURE = ROCKETMQ_FIXTURES / "rust-0.9.0-writer" / "index" / "20260815011551705"
 
 
 def test_key_hash_is_java_hash_code_of_topic_hash_key() -> None:

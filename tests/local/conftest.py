@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
 
-FIXTURES = "/work/shared/fixtures/rocketmq"
+FIXTURES = ROCKETMQ_FIXTURES
 
 
 def small_config(**overrides: object) -> LocalStoreConfig:

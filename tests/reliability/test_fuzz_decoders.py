@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import struct
 import zlib
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError, IntegrityError, TieredStoreError, ValidationError
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, encode_units, iter_units
 from tieredstore.formats.message import (
@@ -67,7 +67,7 @@ pytestmark = pytest.mark.timeout(120)  # a decoder that loops fails the test ins
 
 # A decode of a few hundred bytes takes microseconds; a second means a runaway loop.
 FUZZ = settings(max_examples=300, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
-ROCKETMQ_INDEX = Path("/work/shared/fixtures/rocketmq/rust-0.9.0-writer/index/20260815011551705")
+ROCKETMQ_INDEX = ROCKETMQ_FIXTURES / "rust-0.9.0-writer" / "index" / "20260815011551705"
 
 
 def flip(data: bytes, bit: int) -> bytes:
