@@ -15,9 +15,16 @@ from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from tieredstore.errors import ConfigError
+from tieredstore.topic_filter import check_topic_pattern
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -111,6 +118,20 @@ class ArchiverSettings(_Section):
     owner_id: str | None = Field(default=None, max_length=200, description="default: <hostname>-<pid>-<random>")
     lease_duration: float = Field(default=30.0, gt=0, description="seconds a queue lease lasts unless renewed")
     lease_renew_interval: float = Field(default=10.0, gt=0, description="seconds between lease renewals")
+    topics_include: tuple[str, ...] = Field(
+        default=("*",),
+        min_length=1,
+        description="glob patterns (* ? [...], case-sensitive) of the hot topics to archive",
+    )
+    topics_exclude: tuple[str, ...] = Field(
+        default=(),
+        description="glob patterns of topics not to archive even if included; what was archived stays readable",
+    )
+    archive_system_topics: bool = Field(
+        default=False,
+        description="also archive RocketMQ's system topics (rmq_sys_*, SCHEDULE_TOPIC_XXXX, "
+        "RMQ_SYS_TRANS_HALF_TOPIC, ...: tieredstore.topic_filter), excluded by default",
+    )
 
     @pydantic.model_validator(mode="after")
     def _check_lease_timing(self) -> ArchiverSettings:
@@ -121,6 +142,21 @@ class ArchiverSettings(_Section):
                 f"lease_duration ({self.lease_duration:g}s)"
             )
         return self
+
+    @pydantic.field_validator("topics_include", "topics_exclude", mode="before")
+    @classmethod
+    def _require_a_list(cls, value: Any) -> Any:
+        # A bare string would otherwise be refused as "not a valid tuple", which names no TOML type.
+        if not isinstance(value, list | tuple):
+            raise ValueError('must be a list of glob patterns, e.g. ["Orders*", "%DLQ%*"]')
+        return value
+
+    @pydantic.field_validator("topics_include", "topics_exclude")
+    @classmethod
+    def _check_topic_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            check_topic_pattern(pattern)
+        return patterns
 
     @pydantic.field_validator("start_from")
     @classmethod
@@ -305,4 +341,10 @@ def load_config(path: str | Path | None = None, **flags: Any) -> TieredStoreConf
 
 def _environment_layer() -> dict[str, Any]:
     """TIEREDSTORE_* variables as nested dicts, parsed by pydantic-settings' own env source."""
-    return dict(EnvSettingsSource(TieredStoreConfig)())
+    try:
+        return dict(EnvSettingsSource(TieredStoreConfig)())
+    except SettingsError as exc:  # a list-valued variable that is not JSON
+        raise ConfigError(
+            f"invalid configuration (environment): {exc}; a list is a JSON array, "
+            """e.g. TIEREDSTORE_ARCHIVER__TOPICS_EXCLUDE='["test-*"]'"""
+        ) from exc

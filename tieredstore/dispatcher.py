@@ -49,6 +49,7 @@ from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime
+from tieredstore.topic_filter import TopicFilter
 
 log = structlog.get_logger(__name__)
 
@@ -197,6 +198,7 @@ class Dispatcher:
         # (``KeyIndex.maintain`` also sweeps namespaces left by archivers that are gone).
         self._index_upkeep = index_upkeep or (index.maintain if index is not None else None)
         self.settings = settings or ArchiverSettings()
+        self.topics = TopicFilter.of(self.settings, cluster=flat.cluster, broker=flat.broker)
         self.metrics = metrics or Metrics()
         self.maintain_interval = maintain_interval
         self.clock_ms = clock_ms
@@ -431,7 +433,8 @@ class Dispatcher:
         """
         if not self.hot.read_only:
             try:
-                await asyncio.to_thread(self.hot.delete_expired, self._archived_for_retention)
+                archived_offset = self.topics.for_hot_retention(self._archived_for_retention)
+                await asyncio.to_thread(self.hot.delete_expired, archived_offset)
             except (TieredStoreError, OSError) as error:
                 log.warning("hot retention failed", error=str(error))
         await self._maintain_index()
@@ -467,7 +470,7 @@ class Dispatcher:
     def _read_hot_views(self, archived: dict[QueueKey, int]) -> dict[QueueKey, HotView]:
         views = {}
         for topic, queue_id in self.hot.queues():
-            if not self._serves((topic, queue_id)):
+            if not self.topics.archives(topic) or not self._serves((topic, queue_id)):
                 continue
             views[(topic, queue_id)] = self._hot_view(topic, queue_id, archived.get((topic, queue_id)))
         return views
@@ -893,7 +896,7 @@ class Dispatcher:
     async def _create_queue_rows(self) -> None:
         """Give every hot queue a metadata row (at its ``start_from`` offset) so that it can be leased."""
         hot_queues = await asyncio.to_thread(self.hot.queues)
-        missing = [key for key in hot_queues if key not in self._queues_with_rows]
+        missing = [key for key in hot_queues if key not in self._queues_with_rows and self.topics.archives(key[0])]
         if not missing:
             return
         self._queues_with_rows.update((p.topic, p.queue_id) for p in await asyncio.to_thread(self.metadata.list_queues))

@@ -47,6 +47,7 @@ from tieredstore.formats.naming import hot_file_name, validate_topic
 from tieredstore.local.store import LocalMessageStore, PutResult, RetentionReport
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime, open_runtime
+from tieredstore.topic_filter import TopicFilter
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -164,12 +165,16 @@ class AsyncTieredMessageStore:
         """Delete hot files older than ``hot_retention_hours`` whose messages the archiver has recorded.
 
         The archived offsets are read from metadata, so this works whether the archiver runs here or
-        as its own process (which only follows the hot store and so cannot delete from it).
+        as its own process (which only follows the hot store and so cannot delete from it). Topics the
+        archiver does not archive (``[archiver] topics_exclude``, system topics) wait for nothing.
         """
         hot = self._hot()
+        config = self.runtime.config
+        topics = TopicFilter.of(config.archiver, cluster=config.cluster, broker=config.broker)
         positions = await asyncio.to_thread(self.runtime.metadata.list_queues)
         archived = {(p.topic, p.queue_id): p.max_offset for p in positions}
-        return await asyncio.to_thread(hot.delete_expired, lambda topic, queue_id: archived.get((topic, queue_id), 0))
+        archived_offset = topics.for_hot_retention(lambda topic, queue_id: archived.get((topic, queue_id), 0))
+        return await asyncio.to_thread(hot.delete_expired, archived_offset)
 
     async def _hot_retention_loop(self, interval: float) -> None:
         while True:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,10 +15,11 @@ from tieredstore.dispatcher import Dispatcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.naming import FileType
 from tieredstore.index import IndexService
-from tieredstore.local import LocalMessageStore
+from tieredstore.local import LocalMessageStore, LocalStoreConfig
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import FileSegment, Provider
+from tieredstore.providers.memory import MemoryProvider
 from tieredstore.providers.testing import FaultPlan, FaultyProvider, FaultySegment
 
 
@@ -77,6 +81,21 @@ class Archive:
 
     def archived(self, topic: str, queue_id: int) -> int:
         return self.metadata.get_queue(topic, queue_id).max_offset
+
+
+@contextlib.asynccontextmanager
+async def open_archive(root: Path, hot_config: LocalStoreConfig) -> AsyncIterator[Archive]:
+    """A fresh archive under ``root`` on a memory provider, closed and wiped on exit."""
+    name = f"archiver-{uuid.uuid4().hex}"
+    hot = LocalMessageStore(root / "hot", config=hot_config)
+    metadata = MetadataStore.open(f"sqlite:///{root / 'metadata.db'}")
+    parts = Archive(root, hot, metadata, MemoryProvider(f"memory://{name}"))
+    await parts.open()
+    try:
+        yield parts
+    finally:
+        await parts.close()
+        MemoryProvider.wipe(name)
 
 
 class PathFaultProvider(FaultyProvider):

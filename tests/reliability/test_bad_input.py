@@ -40,6 +40,10 @@ BAD_CONFIG_FILES: dict[str, tuple[str | bytes, str]] = {
     "wrong-type": ('[archiver]\ngroup_commit_count = "many"\n', "archiver.group_commit_count"),
     "bad-enum": ('[read]\nread_policy = "SOMETIMES"\n', "read.read_policy"),
     "not-utf8": (b"data_dir = '\xff\xfe'\n", "is not valid TOML"),
+    "topic-pattern-not-a-list": ('[archiver]\ntopics_exclude = "test-*"\n', "must be a list of glob patterns"),
+    "topic-pattern-regex": ('[archiver]\ntopics_include = ["orders.*"]\n', "can never match a topic"),
+    "topic-pattern-number": ("[archiver]\ntopics_exclude = [7]\n", "topics_exclude.0: Input should be a valid str"),
+    "no-topic-included": ("[archiver]\ntopics_include = []\n", "at least 1 item"),
 }
 BAD_URLS = {
     "s3-without-bucket": ("cold_url", "s3:///prefix"),
@@ -76,6 +80,8 @@ def test_bad_config_files_are_one_line_config_errors(tmp_path: Path, case: str) 
         ("TIEREDSTORE_ARCHIVER__GROUP_COMMIT_SIZE", "0", "archiver.group_commit_size"),
         ("TIEREDSTORE_READ__READ_AHEAD_CACHE_BYTES", "-4096", "read.read_ahead_cache_bytes"),
         ("TIEREDSTORE_ARCHIVER__START_FROM", "yesterday", "archiver.start_from"),
+        ("TIEREDSTORE_ARCHIVER__TOPICS_EXCLUDE", "test-*", "a list is a JSON array"),
+        ("TIEREDSTORE_ARCHIVER__TOPICS_INCLUDE", '["a b"]', "can never match a topic"),
     ],
 )
 def test_bad_environment_values_are_one_line_config_errors(
@@ -127,7 +133,9 @@ def test_bad_urls_are_config_errors_without_their_secrets(tmp_path: Path, case: 
     assert "hunter2" not in str(refused.value)
 
 
-@pytest.mark.parametrize("case", ["malformed-toml", "unknown-top-level-key", "negative-size"])
+@pytest.mark.parametrize(
+    "case", ["malformed-toml", "unknown-top-level-key", "negative-size", "topic-pattern-not-a-list"]
+)
 def test_the_cli_reports_bad_config_as_exit_7_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
 ) -> None:
