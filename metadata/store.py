@@ -803,8 +803,13 @@ class MetadataStore:
             return int(float(seconds or 0) * 1000)
         return now_ms()
 
-    def heartbeat_archiver(self, owner: str, *, hostname: str, pid: int, ttl_ms: int) -> Membership:
-        """Keep ``owner`` alive for ``ttl_ms`` more; forget archivers whose heartbeat expired; count the rest."""
+    def heartbeat_archiver(
+        self, owner: str, *, hostname: str, pid: int, ttl_ms: int, topics: Callable[[str], bool] | None = None
+    ) -> Membership:
+        """Keep ``owner`` alive for ``ttl_ms`` more; forget archivers whose heartbeat expired; count the rest.
+
+        ``topics`` says which topics' queues count (those archived); default all.
+        """
         if ttl_ms <= 0:
             raise ValidationError(f"heartbeat ttl {ttl_ms} ms must be positive")
         with self._writing("renew an archiver heartbeat") as session:
@@ -829,7 +834,13 @@ class MetadataStore:
                 row.heartbeat_expiry = now + ttl_ms
             session.flush()
             live = session.scalar(select(func.count()).select_from(Archiver).where(Archiver.heartbeat_expiry >= now))
-            queues = session.scalar(select(func.count()).select_from(Queue))
+            if topics is None:
+                queues = session.scalar(select(func.count()).select_from(Queue))
+            else:
+                counts = session.execute(
+                    select(Topic.name, func.count()).join(Queue, Queue.topic_id == Topic.id).group_by(Topic.name)
+                )
+                queues = sum(count for name, count in counts if topics(name))
             return Membership(now=now, live_archivers=int(live or 1), queues=int(queues or 0))
 
     def live_archivers(self) -> list[str]:
@@ -872,8 +883,12 @@ class MetadataStore:
             session.execute(update(Queue).where(Queue.owner == owner).values(lease_expiry=now + ttl_ms))
             return self._owned_leases(session, owner)
 
-    def acquire_leases(self, owner: str, *, ttl_ms: int, limit: int) -> list[QueueLease]:
+    def acquire_leases(
+        self, owner: str, *, ttl_ms: int, limit: int, topics: Callable[[str], bool] | None = None
+    ) -> list[QueueLease]:
         """Take up to ``limit`` queues that nobody holds or whose lease expired; each takeover bumps the epoch.
+
+        ``topics`` says which topics' queues may be taken (those archived); default all.
 
         Candidates are locked with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (archivers acquiring at the
         same moment take different queues instead of waiting on each other); each update also checks
@@ -883,13 +898,19 @@ class MetadataStore:
             return []
         with self._writing("acquire leases") as session:
             now = self._database_now_ms(session)
+            takeable = [
+                Queue.owner.is_distinct_from(owner),
+                or_(Queue.owner.is_(None), Queue.lease_expiry.is_(None), Queue.lease_expiry < now),
+            ]
+            if topics is not None:
+                names = session.execute(select(Topic.id, Topic.name))
+                skipped = [topic_id for topic_id, name in names if not topics(name)]
+                if skipped:
+                    takeable.append(Queue.topic_id.not_in(skipped))
             candidates = session.execute(
                 select(Queue.topic_id, Queue.queue_id, Queue.epoch, Topic.name)
                 .join(Topic, Topic.id == Queue.topic_id)
-                .where(
-                    Queue.owner.is_distinct_from(owner),
-                    or_(Queue.owner.is_(None), Queue.lease_expiry.is_(None), Queue.lease_expiry < now),
-                )
+                .where(*takeable)
                 .order_by(Queue.topic_id, Queue.queue_id)
                 .limit(limit)
                 .with_for_update(skip_locked=True, of=Queue)

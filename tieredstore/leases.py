@@ -88,7 +88,9 @@ class LeaseManager:
         lease_duration: float = 30.0,
         renew_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        topics: Callable[[str], bool] | None = None,
     ) -> None:
+        """``topics`` says which topics are archived: queues of the others are neither leased nor counted."""
         if lease_duration <= 0 or renew_interval <= 0 or renew_interval * 3 > lease_duration * (1 + 1e-9):
             raise ConfigError(
                 f"lease renew interval {renew_interval:g}s must be positive and at most a third of the "
@@ -99,6 +101,7 @@ class LeaseManager:
         self.lease_duration = lease_duration
         self.renew_interval = renew_interval
         self.clock = clock
+        self.topics = topics
         self._held: dict[QueueKey, QueueLease] = {}
         self._releasing: set[QueueKey] = set()
         # Local monotonic time until which held leases may be used (see the module docstring).
@@ -170,7 +173,7 @@ class LeaseManager:
             self.start()
         started = self.clock()
         membership = self.metadata.heartbeat_archiver(
-            self.owner, hostname=socket.gethostname(), pid=os.getpid(), ttl_ms=self.ttl_ms
+            self.owner, hostname=socket.gethostname(), pid=os.getpid(), ttl_ms=self.ttl_ms, topics=self.topics
         )
         renewed = {lease.key: lease for lease in self.metadata.renew_leases(self.owner, ttl_ms=self.ttl_ms)}
         with self._lock:
@@ -197,7 +200,9 @@ class LeaseManager:
             with self._lock:
                 self._releasing.update(surplus)
         elif len(active) < share:
-            for lease in self.metadata.acquire_leases(self.owner, ttl_ms=self.ttl_ms, limit=share - len(active)):
+            wanted = share - len(active)
+            taken = self.metadata.acquire_leases(self.owner, ttl_ms=self.ttl_ms, limit=wanted, topics=self.topics)
+            for lease in taken:
                 with self._lock:
                     self._held[lease.key] = lease
                 acquired.append(lease.key)

@@ -40,6 +40,7 @@ from tieredstore.local.follower import HotStoreFollower
 from tieredstore.metadata.engine import parse_url
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import HotMode, open_runtime
+from tieredstore.topic_filter import TopicFilter
 
 log = structlog.get_logger(__name__)
 
@@ -322,6 +323,7 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
                 owner=settings.owner_id,
                 lease_duration=settings.lease_duration,
                 renew_interval=settings.lease_renew_interval,
+                topics=TopicFilter.of(settings, cluster=config.cluster, broker=config.broker).archives,
             )
             note(
                 f"leasing queues as {leases.owner} (lease {settings.lease_duration:g}s); "
