@@ -25,6 +25,7 @@ from tieredstore.cli.common import (
 from tieredstore.errors import NotFoundError
 from tieredstore.formats.naming import FileType, segment_key
 from tieredstore.metadata import SegmentFileType, SegmentRecord, SegmentStatus
+from tieredstore.topic_filter import TopicFilter
 
 STATUS_COLUMNS = (
     "topic",
@@ -38,6 +39,7 @@ STATUS_COLUMNS = (
     "cold_bytes",
     "commit_log_segments",
     "consume_queue_segments",
+    "excluded_by",
 )
 
 
@@ -120,6 +122,8 @@ def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, A
     if hot is not None:
         hot_keys = {k for k in hot.queues() if topic is None or k[0] == topic}
         keys.update(hot_keys)
+    config = node.config
+    topics = TopicFilter.of(config.archiver, cluster=config.cluster, broker=config.broker)
     now = now_ms()
     rows = []
     for key in sorted(keys):
@@ -135,10 +139,15 @@ def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, A
         )
         archived = 0
         row["hot_behind_archive"] = False
+        exclusion = topics.exclusion(key[0])
+        row.update(excluded=exclusion is not None, excluded_by=exclusion)
         if position is not None:
             archived = position.max_offset
             row.update(archived=position.max_offset, cold_min=position.min_offset)
-        if hot is not None:
+        if hot is not None and exclusion is not None:
+            # Not archived on purpose: nothing of it is waiting for the archiver.
+            row.update(hot_min=hot.min_offset(*key), hot_max=hot.max_offset(*key))
+        elif hot is not None:
             hot_min, hot_max = hot.min_offset(*key), hot.max_offset(*key)
             row.update(hot_min=hot_min, hot_max=hot_max, lag=max(0, hot_max - archived))
             # The hot store knows the queue but holds fewer offsets than are archived: replaced or lost files.
