@@ -13,13 +13,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.unprivileged import OtherUserPython, python_for_other_users
 from tests.reliability.workload import BASE_TIMESTAMP, TAGS, Tmpfs, append_records, make_record, new_flat_store
 from tieredstore.errors import StorageAccessError, StorageUnavailableError
 from tieredstore.flat import FlatFileSettings, FlatMessageFile, ProblemKind, check_queue_invariant
@@ -141,6 +141,14 @@ def shared_root() -> Iterator[Path]:
     shutil.rmtree(root)
 
 
+@pytest.fixture
+def nobody_python() -> Iterator[OtherUserPython]:
+    """Python for ``nobody`` with the probe's modules, copied out of a clone other users may not be able to read."""
+    directory = Path(tempfile.mkdtemp(prefix="tieredstore-python-"))
+    yield python_for_other_users(["tieredstore.formats.naming", "tieredstore.providers.posix"], directory)
+    shutil.rmtree(directory)
+
+
 PROBE = """
 import asyncio, json, sys
 from tieredstore.formats.naming import FileType
@@ -175,7 +183,9 @@ print(json.dumps(asyncio.run(probe(sys.argv[1]))))
 """
 
 
-def test_permission_denied_is_a_typed_access_error_for_a_non_root_archiver(shared_root: Path) -> None:
+def test_permission_denied_is_a_typed_access_error_for_a_non_root_archiver(
+    shared_root: Path, nobody_python: OtherUserPython
+) -> None:
     queue_dirs = {name: shared_root / "c" / "b" / name / "0" / "COMMIT_LOG" for name in ("Locked", "Secret", "Hidden")}
     for folder in queue_dirs.values():
         folder.mkdir(parents=True)
@@ -187,7 +197,7 @@ def test_permission_denied_is_a_typed_access_error_for_a_non_root_archiver(share
     queue_dirs["Hidden"].chmod(0o700)
     before = disk_files(shared_root)
 
-    probe = [sys.executable, "-c", PROBE, str(shared_root)]
+    probe = [*nobody_python.command, "-c", PROBE, str(shared_root)]
     result = subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *probe],
         capture_output=True,
@@ -195,7 +205,7 @@ def test_permission_denied_is_a_typed_access_error_for_a_non_root_archiver(share
         timeout=60,
         check=False,
         cwd="/",
-        env={"PATH": os.environ["PATH"], "HOME": "/"},
+        env={"PATH": os.environ["PATH"], "HOME": "/", **nobody_python.env},
     )
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
