@@ -6,7 +6,10 @@ For one queue, under that queue's lock (DESIGN.md "Write path"):
 2. a flush is due when the oldest pending message is older than ``group_commit_timeout``, the backlog
    reaches ``group_commit_count``, or the caller forces it;
 3. up to ``group_commit_count`` messages / ``group_commit_size`` bytes, always at least one however
-   large, move from the hot store into the flat commit-log and consume-queue buffers;
+   large, move from the hot store into the flat commit-log and consume-queue buffers, from below its
+   flushed position only, so that a power loss cannot take back what is archived: a hot store this
+   process writes is flushed by the read that needs it (``flush_queue``), a followed one is archived up
+   to its writer's last checkpoint (``durable_max_offset``, at most ``flush_interval`` behind);
 4. commit log, consume queue, key-index entries, then metadata are committed in that order;
 5. while backlog remains above the count threshold (or the flush is forced) the queue goes again at
    once. At most ``max_pending_commits`` batches are in memory or in flight across all queues, so slow
@@ -60,6 +63,12 @@ _KEY_MARKERS = (f"{PROPERTY_KEYS}\x01".encode(), f"{PROPERTY_UNIQ_KEY}\x01".enco
 # (see Dispatcher._release_hot_pages).
 PAGE_RELEASE_BYTES = 32 << 20
 PAGE_RELEASE_INTERVAL = 1.0
+# A pass that archives "everything now" over a followed hot store waits this many of the writer's flush
+# intervals (at most FLUSH_WAIT_MAX seconds, looking every FLUSH_WAIT_POLL) for its checkpoint to cover
+# what is written: a writer late by more than that is not waited for (see Dispatcher._settled_snapshot).
+FLUSH_WAIT_INTERVALS = 3
+FLUSH_WAIT_MAX = 10.0
+FLUSH_WAIT_POLL = 0.05
 
 
 def wall_clock_ms() -> int:
@@ -74,10 +83,13 @@ class HotView:
     max_offset: int
     # STORETIMESTAMP of the first message not archived yet; None when nothing is pending.
     oldest_pending_ms: int | None
+    # One past the last message a batch may take: a followed store's flushed end; the write position of a
+    # store this process writes, which the batch read flushes first. Lag counts to max_offset.
+    archivable_offset: int
 
 
 # A queue's view before the first scan looked at it.
-UNSEEN = HotView(0, 0, None)
+UNSEEN = HotView(0, 0, None, 0)
 
 
 @dataclass(slots=True)
@@ -298,7 +310,11 @@ class Dispatcher:
     # ---- the public loop entry points --------------------------------------------------------------
 
     async def scan(self, *, force: bool = False) -> int:
-        """One pass over every hot queue: dispatch each queue that is due, wait for it; returns messages archived."""
+        """One pass over every hot queue: dispatch each queue that is due, wait for it; returns messages archived.
+
+        ``force`` archives what is written now, whatever the group-commit thresholds (of a followed hot
+        store, what its writer's checkpoint covers after a short wait: see ``_settled_snapshot``).
+        """
         before = self.stats.messages
         await self._require_started()
         tasks = await self._dispatch_due(force=force)
@@ -307,13 +323,14 @@ class Dispatcher:
         return self.stats.messages - before
 
     async def run_once(self, *, max_attempts: int = 5) -> OnceResult:
-        """Archive everything the hot store holds now, then return.
+        """Archive everything the hot store holds now (of a followed one, as ``scan(force=True)``), then return.
 
         A queue whose commits fail ``max_attempts`` times in a row (with backoff between) is given up
         and named in the result; the others are finished regardless.
         """
         await self._require_started()
-        targets = {key: view.max_offset for key, view in (await self._hot_snapshot()).items()}
+        views = await self._settled_snapshot()
+        targets = {key: view.archivable_offset for key, view in views.items()}
         failed: dict[QueueKey, str] = {}
         while True:
             await self._open_new(key for key in targets if key not in failed)
@@ -331,7 +348,7 @@ class Dispatcher:
                     elif state.retry_at > time.monotonic():
                         open_queues.append(state)
                     continue
-                self._check_hot_behind(state, target)
+                self._check_hot_behind(state, views[key].max_offset)
                 if state.archived_offset >= target and not state.needs_commit:
                     continue
                 if state.failures >= max_attempts:
@@ -477,9 +494,13 @@ class Dispatcher:
 
     def _hot_view(self, topic: str, queue_id: int, next_offset: int | None) -> HotView:
         hot_min = self.hot.min_offset(topic, queue_id)
+        # Read before the write position, so that it never exceeds it.
+        archivable = self.hot.durable_max_offset(topic, queue_id) if self.hot.read_only else None
         hot_max = self.hot.max_offset(topic, queue_id)
+        if archivable is None:
+            archivable = hot_max
         oldest: int | None = None
-        if next_offset is not None and hot_max > next_offset:
+        if next_offset is not None and archivable > next_offset:
             try:
                 oldest = self.hot.store_timestamp(topic, queue_id, max(next_offset, hot_min))
             except NotFoundError:
@@ -489,10 +510,35 @@ class Dispatcher:
                 # make the queue due, so that its batch read reports the error and backs the queue off, as
                 # for any hot-side failure, instead of the scan ending the process.
                 oldest = 0
-        return HotView(hot_min, hot_max, oldest)
+        return HotView(hot_min, hot_max, oldest, archivable)
+
+    async def _settled_snapshot(self) -> dict[QueueKey, HotView]:
+        """The hot views for a pass that archives "everything now".
+
+        A hot store this process writes can be archived up to its write position (the batch reads flush
+        it). A followed one is flushed by its writer every ``flush_interval``: its checkpoint is waited
+        for, a few flush intervals at most, and what that still does not cover is left to a later pass.
+        """
+        snapshot = await self._hot_snapshot()
+        written = {key: view.max_offset for key, view in snapshot.items()}
+        waited = min(FLUSH_WAIT_INTERVALS * self.hot.config.flush_interval, FLUSH_WAIT_MAX)
+        deadline = time.monotonic() + waited
+        while time.monotonic() < deadline and any(
+            view.archivable_offset < written.get(key, 0) for key, view in snapshot.items()
+        ):
+            await asyncio.sleep(FLUSH_WAIT_POLL)
+            snapshot = await self._hot_snapshot()
+        unflushed = sum(max(0, written.get(key, 0) - view.archivable_offset) for key, view in snapshot.items())
+        if unflushed:
+            log.warning(
+                "the hot store's writer has not flushed everything written yet; a later pass archives it",
+                unflushed_messages=unflushed,
+                waited_seconds=waited,
+            )
+        return snapshot
 
     async def _dispatch_due(self, *, force: bool) -> list[asyncio.Task[None]]:
-        snapshot = await self._hot_snapshot()
+        snapshot = await (self._settled_snapshot() if force else self._hot_snapshot())
         known = {key for key, state in self._queues.items() if state.flat_file is not None}
         await self._open_new(snapshot)
         now = time.monotonic()
@@ -513,7 +559,7 @@ class Dispatcher:
                 continue
             if not self._is_due(state, force=force):
                 continue
-            task = asyncio.create_task(self._drain(state, until=view.max_offset if force else None))
+            task = asyncio.create_task(self._drain(state, until=view.archivable_offset if force else None))
             self._tasks[(topic, queue_id)] = task
             task.add_done_callback(functools.partial(self._forget_task, (topic, queue_id)))
             started.append(task)
@@ -529,7 +575,7 @@ class Dispatcher:
         next_offset = state.append_offset
         if view.min_offset > next_offset:
             return True  # a lost range to skip (or a failed skip to retry, gated by its backoff)
-        backlog = view.max_offset - next_offset
+        backlog = view.archivable_offset - next_offset
         if backlog <= 0:
             return False
         if force or (until is not None and next_offset < until):
@@ -649,13 +695,17 @@ class Dispatcher:
         topic, queue_id = state.topic, state.queue_id
         settings = self.settings
         hot_min = self.hot.min_offset(topic, queue_id)
-        if hot_min > start:
+        durable = self.hot.durable_max_offset(topic, queue_id)
+        if not self.hot.read_only and durable < start + settings.group_commit_count:
+            # Ours to flush: one commit-log sync now (shared with sync puts) instead of a flush interval's wait.
+            durable = self.hot.flush_queue(topic, queue_id)
+        if hot_min > start or durable <= start:
             return _Batch(None, self._hot_view(topic, queue_id, start))
         records = self.hot.read_batch(
             topic,
             queue_id,
             start,
-            max_count=settings.group_commit_count,
+            max_count=min(settings.group_commit_count, durable - start),
             max_bytes=settings.group_commit_size,
             unmap=settings.unmap_hot_reads,
         )

@@ -21,12 +21,11 @@ properties block that ends where the record ends (in 0x02 when present) and the 
 publishes a record before its unit, but a zero unit, or one whose record does not check out yet, is
 simply the end of the queue for now; the next call looks again.
 
-Durability: a follower reads the page cache, so it sees records the writer has written but not yet
-fsynced (under async flush, up to ``flush_interval`` of them). Archiving those is safe against a
-crash of the writer *process*: its recovery truncates only an invalid torn tail, and every record a
-follower served was whole and valid. Only a crash of the whole machine can lose hot bytes a follower
-already handed to the archiver; a writer with ``flush_mode = "sync"`` acknowledges no put before it
-is durable, so what its producers were told was stored is never missing from either tier.
+Durability: a follower reads the page cache, so it serves records the writer has written but not yet
+fsynced (under async flush, up to ``flush_interval`` of them). A machine crash can take those back,
+so the archiver takes only what ``durable_max_offset`` gives: the messages below the checkpoint the
+writer wrote at its last flush (re-read at every listing). A missing checkpoint, or one not of ours,
+means nothing is known to be flushed yet.
 """
 
 from __future__ import annotations
@@ -68,7 +67,9 @@ from tieredstore.local.batch import (
     tag_hash_of,
     units_from,
 )
+from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.durable import DurableEnd
 from tieredstore.local.flusher import FlushStats
 from tieredstore.local.mapped_file import release_files_below, release_mapped_pages
 from tieredstore.local.queue import list_offset_files
@@ -254,6 +255,7 @@ class _FollowedQueue:
         self.min_offset = 0
         self.max_offset = 0
         self.refreshed_at = -1.0
+        self.durable_end = DurableEnd()
 
     def refresh(self, log_min_offset: int, now: float) -> None:
         """Relist the files; the min offset follows the first file and the commit log's retention."""
@@ -310,6 +312,11 @@ class _FollowedQueue:
         if file is None or byte_offset + UNIT_SIZE > file.end_offset:
             return None
         return _UNIT.unpack_from(file.buffer, byte_offset - file.start_offset)
+
+    def position_at(self, queue_offset: int) -> tuple[int, int] | None:
+        """(commit-log offset, size) of the slot's unit, unchecked; None when no mapped file holds it."""
+        unit = self.raw_unit(queue_offset)
+        return None if unit is None else (unit[0], unit[1])
 
     def map_next_file(self) -> bool:
         """Map the file after the last one (the writer rolled over); whether there was one."""
@@ -408,6 +415,8 @@ class HotStoreFollower(LocalMessageStore):
         self._log = _FollowedLog(self.root / "commitlog")
         self._followed: dict[tuple[str, int], _FollowedQueue] = {}
         self._listed_at = -1.0
+        # The writer's checkpoint: everything below it is flushed. Read again at every listing.
+        self._confirmed_offset = 0
         self.recovery = RecoveryReport(clean=True, scanned_from=0, valid_end=0)
         with self._lock:
             self._refresh(time.monotonic())
@@ -419,6 +428,9 @@ class HotStoreFollower(LocalMessageStore):
         """Relist the commit log and the queue directories (new queues; vanished files)."""
         self._listed_at = now
         self._log.refresh()
+        checkpoint = Checkpoint.read(self.root / "checkpoint")
+        # None until the writer's first flush (or a file not of ours): nothing is known to be flushed.
+        self._confirmed_offset = checkpoint.confirmed_offset if checkpoint is not None else 0
         base = self.root / "consumequeue"
         if not base.is_dir():
             return
@@ -441,16 +453,21 @@ class HotStoreFollower(LocalMessageStore):
         self._followed[(topic, queue_id)] = queue
         return queue
 
-    def _fresh(self, topic: str, queue_id: int) -> _FollowedQueue | None:
-        """The queue, relisted if stale and grown to its last checked unit; None if it has no directory yet."""
-        validate_topic(topic)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
-            raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
+    def _listed(self) -> float:
+        """Relist if the last listing is stale (ValidationError once closed); returns the time now."""
         if self._closed:
             raise ValidationError("the hot store follower is closed")
         now = time.monotonic()
         if now - self._listed_at >= self.refresh_interval:
             self._refresh(now)
+        return now
+
+    def _fresh(self, topic: str, queue_id: int) -> _FollowedQueue | None:
+        """The queue, relisted if stale and grown to its last checked unit; None if it has no directory yet."""
+        validate_topic(topic)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+            raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
+        now = self._listed()
         queue = self._followed.get((topic, queue_id))
         if queue is None:
             if not (self.root / "consumequeue" / topic / str(queue_id)).is_dir():
@@ -505,11 +522,7 @@ class HotStoreFollower(LocalMessageStore):
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) that holds or held messages, sorted."""
         with self._lock:
-            if self._closed:
-                raise ValidationError("the hot store follower is closed")
-            now = time.monotonic()
-            if now - self._listed_at >= self.refresh_interval:
-                self._refresh(now)
+            self._listed()
             for queue in self._followed.values():
                 if queue.max_offset == 0:
                     self._grow(queue)
@@ -538,10 +551,25 @@ class HotStoreFollower(LocalMessageStore):
         with self._lock:
             return self._log.max_offset
 
+    def durable_max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the last message below the writer's checkpoint (0 for a queue never written): what the
+        writer had flushed at its last checkpoint, at most ``flush_interval`` (plus ``refresh_interval``) ago."""
+        with self._lock:
+            queue = self._fresh(topic, queue_id)
+            if queue is None:
+                return 0
+            return queue.durable_end.find(self._confirmed_offset, queue.min_offset, queue.max_offset, queue.position_at)
+
+    def flush_queue(self, topic: str, queue_id: int) -> int:
+        """Flushing is the writer's: only its ``durable_max_offset``."""
+        return self.durable_max_offset(topic, queue_id)
+
     @property
     def commitlog_flushed_offset(self) -> int:
-        """Unknown to a follower: it reads the page cache, durable or not (0)."""
-        return 0
+        """Up to where the writer's last checkpoint says the commit log is flushed (0 before its first one)."""
+        with self._lock:
+            self._listed()
+            return self._confirmed_offset
 
     def release_pages(self, below: int) -> int:
         """Unmap this process's pages of the commit log below ``below`` (see LocalMessageStore's)."""

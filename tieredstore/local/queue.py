@@ -21,6 +21,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.naming import hot_file_name
 from tieredstore.local.batch import units_from
+from tieredstore.local.durable import DurableEnd
 from tieredstore.local.mapped_file import MappedFile
 
 _UNIT = struct.Struct(">qiq")
@@ -52,6 +53,7 @@ class ConsumeQueue:
         self.min_offset = 0
         self.max_offset = 0
         self._flushed_offset = 0
+        self.durable_end = DurableEnd()
         # The last file, for appends that need no file or reservation work: the next units go straight
         # into tail_buffer while they end at or below ready_upto (a byte offset; 0 when the next unit
         # is not in the last file, which only the slow path handles).

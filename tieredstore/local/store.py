@@ -1064,6 +1064,33 @@ class LocalMessageStore:
         queue = self._existing_queue(topic, queue_id)
         return queue.max_offset if queue else 0
 
+    def durable_max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the last message whose record is flushed (0 for a queue never written): what a machine
+        crash cannot take back, so all the archiver may take (see ``tieredstore.local.durable``)."""
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            return 0
+        return queue.durable_end.find(
+            self._commit_log.flushed_offset, queue.min_offset, queue.max_offset, queue.commitlog_position_at
+        )
+
+    def flush_queue(self, topic: str, queue_id: int) -> int:
+        """Make the queue's messages written so far durable now; returns its ``durable_max_offset``.
+
+        One commit-log sync up to the queue's last record, shared with sync puts and other callers (group
+        commit). Its consume queue and the checkpoint wait for the periodic flush: recovery rebuilds the
+        units past the checkpoint from the commit log, so a crash does not need them.
+        """
+        queue = self._existing_queue(topic, queue_id)
+        if queue is None:
+            return 0
+        end = queue.max_offset
+        if self._flusher is not None and end > queue.min_offset:
+            offset, size = queue.commitlog_position_at(end - 1)
+            if self._commit_log.flushed_offset < offset + size:
+                self._flusher.wait_durable(offset + size)
+        return self.durable_max_offset(topic, queue_id)
+
     @property
     def commitlog_min_offset(self) -> int:
         return self._commit_log.min_offset
