@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError, IntegrityError
+from tieredstore.formats.index_file import RocketMQIndexFile, key_hash, positive_hash, slot_of
 from tieredstore.formats.message import java_string_hash
 from tieredstore.index.format import (
     COMPACTED_ITEM_SIZE,
     HEADER_SIZE,
     CompactedHeader,
     IndexItem,
-    RocketMQIndexFile,
     SlotRange,
     UnsealedHeader,
     compact_into,
@@ -24,9 +24,6 @@ from tieredstore.index.format import (
     decode_compacted_items,
     decode_compacted_slot,
     encode_unsealed_item,
-    key_hash,
-    positive_hash,
-    slot_of,
     unsealed_file_size,
     unsealed_item_position,
     unsealed_slot_position,
