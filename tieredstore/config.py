@@ -67,6 +67,12 @@ class HotSettings(_Section):
     flush_interval: float = Field(default=0.5, gt=0)
     hot_retention_hours: float = Field(default=72, ge=0)
     hot_disk_high_watermark: float = Field(default=0.95, gt=0, le=1)
+    index_slot_count: int = Field(
+        default=100_000, ge=1, le=50_000_000, description="hash slots of each hot key-index file (<hot>/index/)"
+    )
+    index_max_items: int = Field(
+        default=400_000, ge=2, le=50_000_000, description="keys a hot key-index file takes (+1) before the next one"
+    )
 
 
 class SegmentSettings(_Section):
