@@ -160,3 +160,18 @@ def test_archivers_sharing_queues_by_lease_index_keys_in_a_namespace_of_their_ow
     assert result.stderr.split("key index namespace ")[1].split()[0] in again.stderr  # its slot, taken back
     both = node("query-key", TOPIC, "order-0-7", output="json").json_lines()
     assert sorted(m["queue_offset"] for m in both) == [7, 17]
+
+
+def test_query_key_finds_messages_the_archiver_has_not_moved_yet(node: Node) -> None:
+    produce(node, 1, 10)
+    archive(node)  # an archiver runs; queue 0's messages below wait for their group commit
+    produce(node, 0, 10)
+    fresh = node("query-key", TOPIC, "order-0-7", output="json").json_lines()
+    assert [(m["queue_id"], m["queue_offset"], m["tier"]) for m in fresh] == [(0, 7, "hot")]
+    archive(node)
+    produce(node, 0, 10)  # the same keys again, at offsets 10..19, in the hot store only
+    both = node("query-key", TOPIC, "order-0-7", output="json").json_lines()
+    assert [(m["queue_offset"], m["keys"]) for m in both] == [(17, ["order-0-7"]), (7, ["order-0-7"])]
+    newest = node("query-key", TOPIC, "order-0-7", "--max", "1", output="json").json_lines()
+    assert [m["queue_offset"] for m in newest] == [17]
+    assert node("query-key", TOPIC, "order-0-77", output="json").stdout == ""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import structlog
 
 from tieredstore.directories import ensure_directory
@@ -104,9 +105,12 @@ class _IndexFile:
         return self.index_count <= 1
 
     def holds_together(self) -> bool:
-        """Whether the header is one a writer could have left (a torn or foreign file is not)."""
+        """Whether the header and slots are what a writer could have left (a torn or foreign file's are not)."""
         count = self.index_count
         if not 1 <= count <= self.item_capacity or not 0 <= self.slots_used <= min(self.slot_capacity, count - 1):
+            return False
+        slots = np.frombuffer(self.mapped.read(HEADER_SIZE, self.slot_capacity * SLOT_SIZE), dtype=">i4")
+        if int(slots.min()) < 0 or int(slots.max()) >= count:
             return False
         if count == 1:
             return True
