@@ -12,7 +12,7 @@ from tieredstore.formats.index_file import RocketMQIndexFile, index_file_size, k
 from tieredstore.formats.message import java_string_hash
 from tieredstore.local import HotStoreFollower, LocalMessageStore, LocalStoreConfig, PutRequest
 
-from .conftest import abandon, small_config
+from .conftest import abandon, mapped_rss, small_config
 
 HOUR_MS = 3_600_000
 SLOTS, ITEMS = 8, 5  # four keys a file: tests roll files quickly
@@ -186,3 +186,14 @@ def test_a_read_only_store_and_a_follower_read_the_index_the_writer_is_writing(t
             put_orders(writer, 3, 5)  # new items in new index files, not flushed yet
             assert found(follower, "customer-1") == [(1, 3), (0, 2), (1, 0)]
             assert found(follower, "U6") == [(0, 3)]
+
+
+def test_a_writer_keeps_only_the_index_file_it_fills_in_its_rss(tmp_path: Path) -> None:
+    config = small_config(index_slot_count=1024, index_max_items=4096)
+    file_size = index_file_size(1024, 4096)
+    with LocalMessageStore(tmp_path, config=config) as store:
+        store.put_messages([PutRequest("T", 0, b"m", [f"k{n}"]) for n in range(3 * 4095 + 10)])
+        store.flush()
+        assert len(list((tmp_path / "index").iterdir())) == 4
+        assert mapped_rss(tmp_path / "index") <= file_size
+        assert found(store, "k0") == [(0, 0)]  # a released file is read again on demand

@@ -360,6 +360,10 @@ class HotKeyIndex:
                 file.mapped.flush()
             except ValueError:
                 continue  # deleted by retention since it was written
+            if file.full:
+                # Written for good and clean now: a lookup maps back what it reads, the writer's RSS
+                # keeps only the file it is filling.
+                file.mapped.release_pages(0, file.mapped.size)
 
     def recover(self, trusted_end: int) -> int:
         """After an unclean stop: keep the items of records below ``trusted_end`` (durable with the checkpoint).
