@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,7 +52,17 @@ from tieredstore.formats.index_file import (
     slot_of,
     time_diff_seconds,
 )
-from tieredstore.formats.message import MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, MessageRecord, decode, record_size_at
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    PROPERTY_KEYS,
+    PROPERTY_UNIQ_KEY,
+    MessageRecord,
+    decode,
+    record_size_at,
+)
+from tieredstore.local.commit_log import ScanStop
 from tieredstore.local.mapped_file import MappedFile, fsync_directory
 
 log = structlog.get_logger(__name__)
@@ -352,6 +362,22 @@ class HotKeyIndex:
             file.publish(pending)
             self._dirty.add(file)
 
+    def reindex(self, scan: Iterable[tuple[int, int, MessageRecord] | ScanStop], end: int) -> None:
+        """Add the keys of the records a commit-log ``scan`` yields below ``end``: records known sound (below
+        the recovery start), of a store whose index is missing or was unusable."""
+        indexed, begin = 0, None
+        for item in scan:
+            if isinstance(item, ScanStop) or item[0] >= end:
+                break
+            offset, _size, record = item
+            begin = offset if begin is None else begin
+            keys = record_index_keys(record)
+            if keys:
+                self.add(record.topic, keys, offset, record.store_timestamp)
+                indexed += 1
+        if begin is not None:
+            log.info("hot key index rebuilt from the commit log", begin=begin, end=end, records=indexed)
+
     def flush(self) -> None:
         """Make every item added so far durable."""
         while self._dirty:
@@ -447,6 +473,21 @@ def _file_lookup(file: _IndexFile, hash_value: int, begin_timestamp: int, end_ti
             return  # a chain runs newest to oldest
         if item.key_hash == hash_value and stamp <= end_timestamp:
             yield item.physical_offset
+
+
+def put_index_keys(keys: Sequence[str], properties: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The keys a validated put is indexed by: its UNIQ_KEY, then each of its KEYS (as RocketMQ adds them)."""
+    listed = [keys] if isinstance(keys, str) else list(keys)
+    if not listed and properties:
+        listed = [key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key]
+    unique = properties.get(PROPERTY_UNIQ_KEY) if properties else None
+    return (unique, *listed) if unique else tuple(listed)
+
+
+def record_index_keys(record: MessageRecord) -> tuple[str, ...]:
+    """The keys a stored record is indexed by, in the order ``put_index_keys`` gives them."""
+    unique = record.unique_key
+    return (unique, *record.keys) if unique else tuple(record.keys)
 
 
 class KeyedRecord(NamedTuple):

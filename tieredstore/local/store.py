@@ -1,7 +1,8 @@
 """LocalMessageStore: the hot tier producers write to and the archiver reads from.
 
 Layout is RocketMQ's: ``<dir>/commitlog/<20-digit start>``, ``<dir>/consumequeue/<topic>/<queueId>/
-<20-digit start>``, ``<dir>/checkpoint``, plus ``<dir>/lock`` (one writer per directory) and
+<20-digit start>``, ``<dir>/index/<yyyyMMddHHmmssSSS>`` (the key index, ``tieredstore.local.index_file``),
+``<dir>/checkpoint``, plus ``<dir>/lock`` (one writer per directory) and
 ``<dir>/abort`` (present while open: finding it at open means the last run did not close cleanly).
 Opened ``read_only`` it reads a RocketMQ broker's store directory without writing a byte to it.
 """
@@ -49,7 +50,6 @@ from tieredstore.formats.message import (
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     MessageRecord,
@@ -69,7 +69,15 @@ from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import CommitLog, ScanStop
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import Flusher, FlushStats
-from tieredstore.local.index_file import HotKeyIndex, KeyedRecord, KeyEntry, find_records, whole_record
+from tieredstore.local.index_file import (
+    HotKeyIndex,
+    KeyedRecord,
+    KeyEntry,
+    find_records,
+    put_index_keys,
+    record_index_keys,
+    whole_record,
+)
 from tieredstore.local.queue import ConsumeQueue
 
 log = structlog.get_logger(__name__)
@@ -430,7 +438,7 @@ class LocalMessageStore:
             if self._clean_end_is_consistent(end, data_end):
                 log_.write_offset = log_.flushed_offset = end
                 if not self._key_index.existed:
-                    self._reindex(log_.min_offset, end)
+                    self._key_index.reindex(log_.scan(log_.min_offset), end)
                 return RecoveryReport(clean=True, scanned_from=end, valid_end=end, seconds=time.monotonic() - started)
         if not log_.files and not self._queues:
             return RecoveryReport(clean=True, scanned_from=0, valid_end=0, seconds=time.monotonic() - started)
@@ -439,7 +447,7 @@ class LocalMessageStore:
             # Items of records from ``start`` on are re-added by the scan below; a torn index file is
             # rebuilt from the commit log up to there first.
             rescan = log_.min_offset if not self._key_index.existed else self._key_index.recover(start)
-            self._reindex(max(rescan, log_.min_offset), start)
+            self._key_index.reindex(log_.scan(max(rescan, log_.min_offset)), start)
         # Rewound, not cleared: the units rebuilt below overwrite the old ones in place, and only what lies
         # past the rebuilt end is zeroed at the end, so a follower never sees a sound unit vanish.
         dropped = sum(q.rewind_to(q.lower_bound(start)) for q in self._queues.values())
@@ -464,7 +472,7 @@ class LocalMessageStore:
                 break
             self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
             if not self.read_only:
-                self._key_index.add(record.topic, _record_index_keys(record), offset, record.store_timestamp)
+                self._key_index.add(record.topic, record_index_keys(record), offset, record.store_timestamp)
             scanned += 1
         cleared, removed = 0, list[str]()
         if self.read_only:
@@ -491,24 +499,6 @@ class LocalMessageStore:
         if report.repaired:
             log.warning("hot store repaired", **{k: getattr(report, k) for k in report.__slots__})
         return report
-
-    def _reindex(self, begin: int, end: int) -> None:
-        """Add the keys of the commit log's records in [begin, end) to the key index (they are sound: below
-        the recovery start, or a store's data that predates its index)."""
-        if begin >= end:
-            return
-        indexed = 0
-        for item in self._commit_log.scan(begin):
-            if isinstance(item, ScanStop):
-                break
-            offset, _size, record = item
-            if offset >= end:
-                break
-            keys = _record_index_keys(record)
-            if keys:
-                self._key_index.add(record.topic, keys, offset, record.store_timestamp)
-                indexed += 1
-        log.info("hot key index rebuilt from the commit log", begin=begin, end=end, records=indexed)
 
     def _unacceptable(self, record: MessageRecord, *, allow_rebase: bool) -> str | None:
         """Why a record that decoded cleanly still cannot be ours (header bits the CRC does not cover)."""
@@ -670,7 +660,7 @@ class LocalMessageStore:
             or len(body) > self._max_message_size
         ):
             layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
-            index_keys = _index_keys(keys, properties)
+            index_keys = put_index_keys(keys, properties)
         else:
             tail, tag_code, index_keys = layout.empty_tail, 0, ()
         result = self._append(topic, queue_id, layout, body, tail, tag_code, index_keys)
@@ -697,7 +687,7 @@ class LocalMessageStore:
                 or len(body) > max_size
             ):
                 layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
-                index_keys = _index_keys(keys, properties)
+                index_keys = put_index_keys(keys, properties)
             else:
                 tail, tag_code, index_keys = layout.empty_tail, 0, ()
             size = layout.fixed_size + len(body) + len(tail)
@@ -1317,20 +1307,6 @@ class LocalMessageStore:
             if queue.min_offset < first_after and archived_offset(topic, queue_id) < first_after:
                 return False
         return True
-
-
-def _index_keys(keys: Sequence[str], properties: Mapping[str, str] | None) -> tuple[str, ...]:
-    """The keys a validated put is indexed by: its UNIQ_KEY, then each of its KEYS (as RocketMQ adds them)."""
-    listed = [keys] if isinstance(keys, str) else list(keys)
-    if not listed and properties:
-        listed = [key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key]
-    unique = properties.get(PROPERTY_UNIQ_KEY) if properties else None
-    return (unique, *listed) if unique else tuple(listed)
-
-
-def _record_index_keys(record: MessageRecord) -> tuple[str, ...]:
-    unique = record.unique_key
-    return (unique, *record.keys) if unique else tuple(record.keys)
 
 
 def _check_queue_id(queue_id: object, limit: int) -> None:
