@@ -197,3 +197,17 @@ def test_a_writer_keeps_only_the_index_file_it_fills_in_its_rss(tmp_path: Path) 
         assert len(list((tmp_path / "index").iterdir())) == 4
         assert mapped_rss(tmp_path / "index") <= file_size
         assert found(store, "k0") == [(0, 0)]  # a released file is read again on demand
+
+
+def test_index_files_of_other_capacities_are_rebuilt_with_the_settings_now_in_force(tmp_path: Path) -> None:
+    with LocalMessageStore(tmp_path, config=keyed_config()) as store:
+        put_orders(store, 0, 4)
+    wider = small_config(index_slot_count=64, index_max_items=100)
+    with LocalMessageStore(tmp_path, config=wider) as reopened:
+        assert found(reopened, "customer-0") == [(1, 1), (0, 0)]
+        put_orders(reopened, 4, 1)
+        assert found(reopened, "customer-1") == [(0, 2), (1, 0)]
+    (only,) = (tmp_path / "index").iterdir()
+    assert only.stat().st_size == index_file_size(64, 100)
+    rebuilt = RocketMQIndexFile(only.read_bytes(), slot_capacity=64, item_capacity=100)
+    assert rebuilt.header.item_count == 5 * 3

@@ -313,7 +313,12 @@ class HotKeyIndex:
                 file.close()
                 file = None
             if file is None:
-                file = self._open(self.directory / name)
+                try:
+                    file = self._open(self.directory / name)
+                except BaseException:
+                    for opened in (*files, *known.values()):
+                        opened.close()
+                    raise
             if file is not None:
                 files.append(file)
         for gone in known.values():
