@@ -134,8 +134,8 @@ class _IndexFile:
         )
 
     def add(self, items: Sequence[tuple[int, int, int]], start: int, pending: dict[int, int]) -> int:
-        """Write ``items[start:]`` (key hash, commit-log offset, store timestamp) until the file is full;
-        returns where it stopped. Their slots go to ``pending``, which ``publish`` writes after the header."""
+        """Write ``items[start:]`` (key hash, commit-log offset, store timestamp) until the file is full, then
+        publish them; returns where it stopped. ``pending`` holds their slots until the header is written."""
         buffer, slot_capacity = self.mapped.buffer, self.slot_capacity
         read_slot_at, pack_item_at = SLOT.unpack_from, ITEM.pack_into
         items_at = item_position(slot_capacity, 0)
@@ -163,6 +163,7 @@ class _IndexFile:
         if position > start:
             self.index_count = number
             _, self.end_offset, self.end_timestamp = items[position - 1]
+            self.publish(pending)
         return position
 
     def publish(self, pending: dict[int, int]) -> None:
@@ -172,8 +173,9 @@ class _IndexFile:
             buffer, self.begin_timestamp, self.end_timestamp, self.begin_offset, self.end_offset, self.slots_used,
             self.index_count,
         )  # fmt: skip
+        pack = SLOT.pack_into
         for slot, number in pending.items():
-            pack_slot(buffer, slot, number)
+            pack(buffer, HEADER_SIZE + slot * SLOT_SIZE, number)
         pending.clear()
 
     def drop_items_from(self, physical_offset: int) -> int:
@@ -344,17 +346,21 @@ class HotKeyIndex:
 
     def add(self, topic: str, keys: Sequence[str], physical_offset: int, store_timestamp: int) -> None:
         """Index one record's keys (the caller serialises adds: the store's put lock)."""
-        self.add_many(((topic, keys, physical_offset, store_timestamp),))
+        self._add_items([(key_hash(topic, key), physical_offset, store_timestamp) for key in keys])
 
     def add_many(self, entries: Iterable[KeyEntry]) -> None:
         """Index records' keys, in commit-log order; each file's slots are published once, after its items."""
-        items = [
-            (key_hash(topic, key), physical_offset, store_timestamp)
-            for topic, keys, physical_offset, store_timestamp in entries
-            for key in keys
-        ]
-        file = self._files[-1] if self._files else None
-        pending = self._pending
+        self._add_items(
+            [
+                (key_hash(topic, key), physical_offset, store_timestamp)
+                for topic, keys, physical_offset, store_timestamp in entries
+                for key in keys
+            ]
+        )
+
+    def _add_items(self, items: list[tuple[int, int, int]]) -> None:
+        files = self._files
+        file = files[-1] if files else None
         position = 0
         while position < len(items):
             if file is None or file.full:
@@ -363,8 +369,7 @@ class HotKeyIndex:
                 except OSError as exc:  # StoreFullError among them: the put itself is stored already
                     log.error("hot key index file not created; keys left out of the hot index", error=str(exc))
                     return
-            position = file.add(items, position, pending)
-            file.publish(pending)
+            position = file.add(items, position, self._pending)
             self._dirty.add(file)
 
     def reindex(self, scan: Iterable[tuple[int, int, MessageRecord] | ScanStop], end: int) -> None:
