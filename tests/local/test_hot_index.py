@@ -13,6 +13,7 @@ from tieredstore.formats.message import java_string_hash
 from tieredstore.local import HotStoreFollower, LocalMessageStore, LocalStoreConfig, PutRequest
 
 from .conftest import abandon, mapped_rss, small_config
+from .test_crash import run_and_kill
 
 HOUR_MS = 3_600_000
 SLOTS, ITEMS = 8, 5  # four keys a file: tests roll files quickly
@@ -211,3 +212,23 @@ def test_index_files_of_other_capacities_are_rebuilt_with_the_settings_now_in_fo
     assert only.stat().st_size == index_file_size(64, 100)
     rebuilt = RocketMQIndexFile(only.read_bytes(), slot_capacity=64, item_capacity=100)
     assert rebuilt.header.item_count == 5 * 3
+
+
+@pytest.mark.reliability
+def test_every_put_a_sigkilled_writer_acknowledged_is_found_by_its_key_once(tmp_path: Path) -> None:
+    acknowledged: dict[tuple[int, int], int] = {}
+    for round_ in range(2):
+        bodies = run_and_kill(tmp_path, round_, 300)  # each message has the key k<i>
+        acknowledged |= {where: int(body.split(b":")[2].split(b"|")[0]) for where, body in bodies.items()}
+        with LocalMessageStore(tmp_path, config=small_config(consume_queue_units_per_file=50)) as store:
+            assert not store.recovery.clean
+            for (queue_id, queue_offset), i in acknowledged.items():
+                hits = store.query_keys("crash", f"k{i}", 1000)
+                assert (queue_id, queue_offset) in [(hit.queue_id, hit.queue_offset) for hit in hits]
+                assert all(f"k{i}" in hit.record.keys for hit in hits)
+            stored = sum(store.max_offset("crash", queue_id) for queue_id in range(3))
+        indexes = [
+            RocketMQIndexFile(path.read_bytes(), slot_capacity=100_000, item_capacity=400_000)
+            for path in sorted((tmp_path / "index").iterdir())
+        ]
+        assert sum(index.header.item_count for index in indexes) == stored  # one key each, none twice
