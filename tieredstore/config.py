@@ -74,6 +74,18 @@ class HotSettings(_Section):
     flush_interval: float = Field(default=0.5, gt=0)
     hot_retention_hours: float = Field(default=72, ge=0)
     hot_disk_high_watermark: float = Field(default=0.95, gt=0, le=1)
+    index_slot_count: int = Field(
+        default=100_000,
+        ge=1,
+        le=50_000_000,
+        description="hash slots of each hot key-index file (<hot>/index/; RocketMQ's maxHashSlotNum, 5,000,000)",
+    )
+    index_max_items: int = Field(
+        default=400_000,
+        ge=2,
+        le=50_000_000,
+        description="items of each hot key-index file, one key each but item 0 (RocketMQ's maxIndexNum, 20,000,000)",
+    )
 
 
 class SegmentSettings(_Section):

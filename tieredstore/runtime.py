@@ -44,6 +44,8 @@ def local_store_config(config: TieredStoreConfig) -> LocalStoreConfig:
         flush_interval=hot.flush_interval,
         hot_retention_hours=hot.hot_retention_hours,
         hot_disk_high_watermark=hot.hot_disk_high_watermark,
+        index_slot_count=hot.index_slot_count,
+        index_max_items=hot.index_max_items,
     )
 
 

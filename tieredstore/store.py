@@ -15,8 +15,8 @@ archiver in another process that owns the cold queues: it never recovers them (r
 bytes that archiver may be about to record) and reads each queue through a read-only view that it
 refreshes from metadata to see later commits (``MessageFetcher(read_only_cold=True)``).
 
-Key lookups find archived messages only (the key index is built by the archiver after each commit);
-a message still only in the hot store is found by its queue offset.
+Key lookups answer from both tiers: the hot store's own index (RocketMQ's IndexFile, written as
+messages are put) and the cold key index the archiver builds after each commit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import struct
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -219,10 +219,11 @@ class AsyncTieredMessageStore:
         begin_timestamp: int = 0,
         end_timestamp: int = MAX_TIMESTAMP,
     ) -> list[FetchedMessage]:
-        """Archived messages of ``topic`` whose KEYS or UNIQ_KEY include ``key``, stored in [begin, end].
+        """Messages of ``topic`` whose KEYS or UNIQ_KEY include ``key``, stored in [begin, end], from either tier.
 
-        Newest index files first, at most ``max_count``. Every index hit is confirmed against the
-        message's real keys, so a hash collision never returns another key's message.
+        At most ``max_count``, newest first, each message once (a message archived and still hot too).
+        Every index hit is confirmed against the message's real keys, so a hash collision never
+        returns another key's message.
         """
         validate_topic(topic)
         if not isinstance(key, str) or not key:
@@ -231,16 +232,27 @@ class AsyncTieredMessageStore:
             raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
         if begin_timestamp > end_timestamp:
             raise ValidationError(f"begin timestamp {begin_timestamp} is after end timestamp {end_timestamp}")
+        found: dict[tuple[int, int], FetchedMessage] = {}
+        if self.runtime.hot is not None:
+            hot = await asyncio.to_thread(
+                self.runtime.hot.query_keys, topic, key, max_count, begin_timestamp, end_timestamp
+            )
+            for record in hot:
+                found[(record.queue_id, record.queue_offset)] = FetchedMessage(
+                    topic, record.queue_id, record.queue_offset, "hot", record.raw, record.record
+                )
         try:
             topic_info = await asyncio.to_thread(self.runtime.metadata.get_topic, topic)
         except NotFoundError:
-            return []  # never archived: nothing is indexed
+            return _newest_first(found.values(), max_count)  # never archived: only the hot store holds it
         read: dict[tuple[int, int], FetchedMessage] = {}
 
         async def confirm(topic_id: int, queue_id: int, queue_offset: int) -> Sequence[str]:
             if topic_id != topic_info.id:
                 return []
-            message = await self.fetcher.read_message(topic, queue_id, queue_offset)
+            message = found.get((queue_id, queue_offset))
+            if message is None:
+                message = await self.fetcher.read_message(topic, queue_id, queue_offset)
             if message is None:
                 return []  # removed by retention since it was indexed
             read[(queue_id, queue_offset)] = message
@@ -249,7 +261,9 @@ class AsyncTieredMessageStore:
         hits = await self.runtime.keys.query(
             topic, topic_info.id, key, max_count, begin_timestamp, end_timestamp, confirm
         )
-        return [read[(hit.queue_id, hit.queue_offset)] for hit in hits]
+        for hit in hits:
+            found.setdefault((hit.queue_id, hit.queue_offset), read[(hit.queue_id, hit.queue_offset)])
+        return _newest_first(found.values(), max_count)
 
     async def look_message_by_offset(
         self, offset: int | str, *, topic: str | None = None, queue_id: int | None = None
@@ -333,6 +347,12 @@ def real_keys(message: FetchedMessage) -> list[str]:
     if unique:
         keys.append(unique)
     return keys
+
+
+def _newest_first(messages: Iterable[FetchedMessage], max_count: int) -> list[FetchedMessage]:
+    """The ``max_count`` most recently stored of ``messages``, newest first."""
+    ordered = sorted(messages, key=lambda m: (m.record.store_timestamp, m.queue_id, m.queue_offset), reverse=True)
+    return ordered[:max_count]
 
 
 def _hot_record_size(hot: LocalMessageStore, commitlog_offset: int) -> int:

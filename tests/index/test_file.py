@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 
 from tests.index.helpers import CountingProvider
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.formats.index_file import key_hash, slot_of
 from tieredstore.formats.naming import FileType
 from tieredstore.index.file import CompactedIndexFile, UnsealedIndexFile, compact_file, lookup_segment
 from tieredstore.index.format import (
     IndexItem,
     encode_unsealed_item,
-    key_hash,
-    slot_of,
     unsealed_item_position,
     unsealed_slot_position,
 )

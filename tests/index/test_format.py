@@ -1,4 +1,4 @@
-"""Byte layouts of the key index: hashing, our compacted layout, and RocketMQ's own IndexFile fixture."""
+"""Byte layouts of our key-index files: unsealed and compacted (RocketMQ's IndexFile: tests/formats)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.paths import ROCKETMQ_FIXTURES
-from tieredstore.errors import CorruptRecordError, IntegrityError
-from tieredstore.formats.message import java_string_hash
+from tieredstore.errors import CorruptRecordError
+from tieredstore.formats.index_file import key_hash, slot_of
 from tieredstore.index.format import (
     COMPACTED_ITEM_SIZE,
     HEADER_SIZE,
     CompactedHeader,
     IndexItem,
-    RocketMQIndexFile,
     SlotRange,
     UnsealedHeader,
     compact_into,
@@ -24,62 +22,10 @@ from tieredstore.index.format import (
     decode_compacted_items,
     decode_compacted_slot,
     encode_unsealed_item,
-    key_hash,
-    positive_hash,
-    slot_of,
     unsealed_file_size,
     unsealed_item_position,
     unsealed_slot_position,
 )
-
-FIXTURE = ROCKETMQ_FIXTURES / "rust-0.9.0-writer" / "index" / "20260815011551705"
-
-
-def test_key_hash_is_java_hash_code_of_topic_hash_key() -> None:
-    assert key_hash("V1UpgradeTopic", "v1-upgrade-key") == 1354830161
-    assert positive_hash("order-123") == 392797389
-
-
-def test_hash_of_integer_min_value_is_clamped_to_zero() -> None:
-    assert java_string_hash("polygenelubricants") == -(2**31)
-    assert positive_hash("polygenelubricants") == 0
-
-
-def test_rocketmq_index_file_fixture_reads_exactly() -> None:
-    index = RocketMQIndexFile(FIXTURE.read_bytes(), slot_capacity=32, item_capacity=128)
-    header = index.header
-    assert (header.begin_timestamp, header.end_timestamp) == (1786727751703, 1786727751704)
-    assert (header.begin_physical_offset, header.end_physical_offset) == (0, 141)
-    assert (header.hash_slot_count, header.index_count) == (1, 3)
-    assert 1354830161 % 32 == 17
-    assert index.slot(17) == 2
-    assert [index.slot(s) for s in range(32) if s != 17] == [0] * 31
-    newest, oldest = index.item(2), index.item(1)
-    assert (newest.key_hash, newest.physical_offset, newest.time_diff_seconds, newest.previous) == (
-        1354830161,
-        141,
-        0,
-        1,
-    )
-    assert (oldest.key_hash, oldest.physical_offset, oldest.time_diff_seconds, oldest.previous) == (1354830161, 0, 0, 0)
-    found = index.lookup("V1UpgradeTopic#v1-upgrade-key", 1786727751703, 1786727751704)
-    assert found == [141, 0]
-    assert index.lookup("V1UpgradeTopic#v1-upgrade-key", 0, 1786727751702) == []
-    assert index.lookup("V1UpgradeTopic#other-key", 0, 2**62) == []
-
-
-def test_rocketmq_index_file_of_wrong_size_is_an_integrity_error() -> None:
-    with pytest.raises(IntegrityError, match="2728 bytes"):
-        RocketMQIndexFile(FIXTURE.read_bytes(), slot_capacity=64, item_capacity=128)
-
-
-def test_rocketmq_index_chain_that_loops_is_an_error_not_a_hang() -> None:
-    data = bytearray(FIXTURE.read_bytes())
-    item_one_previous = 40 + 32 * 4 + 1 * 20 + 16
-    data[item_one_previous : item_one_previous + 4] = (2).to_bytes(4, "big")  # item 1 -> item 2 -> item 1 ...
-    index = RocketMQIndexFile(bytes(data), slot_capacity=32, item_capacity=128)
-    with pytest.raises(CorruptRecordError, match="links forward"):
-        index.lookup("V1UpgradeTopic#v1-upgrade-key", 0, 2**62)
 
 
 def _build_unsealed(items: list[IndexItem], slot_count: int, base: int) -> tuple[bytearray, UnsealedHeader]:

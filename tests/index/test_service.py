@@ -12,9 +12,9 @@ from tests.fixtures.backends import ProviderBackend
 from tests.index.helpers import CountingProvider
 from tieredstore.config import IndexSettings
 from tieredstore.errors import CorruptRecordError, IntegrityError, StorageUnavailableError, ValidationError
+from tieredstore.formats.index_file import key_hash
 from tieredstore.formats.message import java_string_hash
 from tieredstore.index.file import compact_file
-from tieredstore.index.format import key_hash
 from tieredstore.index.service import (
     IndexCatalogue,
     IndexEntry,

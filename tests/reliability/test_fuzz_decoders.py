@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests.fixtures.paths import ROCKETMQ_FIXTURES
 from tieredstore.errors import CorruptRecordError, IntegrityError, TieredStoreError, ValidationError
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, encode_units, iter_units
+from tieredstore.formats.index_file import RocketMQIndexFile, slot_of
 from tieredstore.formats.message import (
     MessageRecord,
     body_crc,
@@ -34,7 +35,6 @@ from tieredstore.index.format import (
     UNSEALED_ITEM_SIZE,
     CompactedHeader,
     IndexItem,
-    RocketMQIndexFile,
     SlotRange,
     UnsealedHeader,
     compact_into,
@@ -46,7 +46,6 @@ from tieredstore.index.format import (
     decode_unsealed_item,
     encode_compacted_item,
     encode_unsealed_item,
-    slot_of,
     unsealed_file_size,
     unsealed_item_position,
     unsealed_slot_position,

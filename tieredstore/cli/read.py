@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -31,6 +31,7 @@ from tieredstore.cli.common import (
     iso,
     lost_range_at,
     message_fields,
+    open_hot_for_reading,
     open_read_node,
     parse_time,
     read_archived,
@@ -381,7 +382,8 @@ def query_key(
     max_count: Annotated[int, typer.Option("--max", min=1, help="At most this many messages.")] = 32,
     fmt: FormatOption = None,
 ) -> None:
-    """Archived messages of a topic with this key, found through the key index, newest index files first.
+    """Messages of a topic with this key, newest first: through the hot store's key index (messages not
+    archived yet) and the cold one.
 
     Example: tieredstore query-key Orders order-4711 --since 7d --format json
     """
@@ -396,21 +398,40 @@ def query_key(
     if not found:
         # Not an error (scripts get an empty stream and exit 0), but a person should not see silence.
         window = "" if since is None and until is None else f" stored {iso(begin)} .. {iso(end)}"
-        cli.output.note(f"no archived message of {topic} has the key {key!r}{window}")
+        cli.output.note(f"no message of {topic} has the key {key!r}{window}")
     print_messages(cli, found, chosen)
 
 
 async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, max_count: int) -> list[ReadMessage]:
+    found: dict[tuple[int, int], ReadMessage] = {}
+    # Read-only beside a running producer: its key index finds what the archiver has not moved yet.
+    hot = await asyncio.to_thread(open_hot_for_reading, cli.config)
+    hot_knows_topic = False
+    if hot is not None:
+        try:
+            hot_knows_topic = any(name == topic for name, _ in hot.queues())
+            for hit in await asyncio.to_thread(hot.query_keys, topic, key, max_count, begin, end):
+                found[(hit.queue_id, hit.queue_offset)] = ReadMessage("hot", hit.raw, hit.record)
+        finally:
+            hot.close()
     # A reader beside a running archiver: the key index is only queried, its directory left to the archiver.
     async with open_runtime(cli.config, hot=False, create_metadata=False, cold_owner=False) as runtime:
-        topic_info = await asyncio.to_thread(runtime.metadata.get_topic, topic)
+        try:
+            topic_info = await asyncio.to_thread(runtime.metadata.get_topic, topic)
+        except NotFoundError:
+            if hot_knows_topic:
+                return _newest_first(found.values(), max_count)  # not archived yet: the hot store answered
+            raise
         node = ReadNode(runtime.config, runtime.metadata, runtime.provider, runtime.flat, None)
         queues: dict[int, FlatMessageFile] = {}
-        found: dict[tuple[int, int], ReadMessage] = {}
+        read: dict[tuple[int, int], ReadMessage] = {}
 
         async def confirm(topic_id: int, queue_id: int, queue_offset: int) -> Sequence[str]:
             if topic_id != topic_info.id:
                 return []
+            known = found.get((queue_id, queue_offset))
+            if known is not None:
+                return _record_keys(known.record)
             flat_file = queues.get(queue_id)
             if flat_file is None:
                 reader = await QueueReader.open(node, topic, queue_id)
@@ -424,9 +445,24 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
             if not raws:
                 return []
             record = decode_message(raws[0], where=f"cold {topic}/{queue_id} at queue offset {queue_offset}")
-            found[(queue_id, queue_offset)] = ReadMessage("cold", raws[0], record)
-            unique = record.unique_key
-            return [*record.keys, *([unique] if unique else [])]
+            read[(queue_id, queue_offset)] = ReadMessage("cold", raws[0], record)
+            return _record_keys(record)
 
-        hits = await runtime.keys.query(topic, topic_info.id, key, max_count, begin, end, confirm)
-        return [found[(hit.queue_id, hit.queue_offset)] for hit in hits]
+        for cold_hit in await runtime.keys.query(topic, topic_info.id, key, max_count, begin, end, confirm):
+            where = (cold_hit.queue_id, cold_hit.queue_offset)
+            if where not in found:
+                found[where] = read[where]
+        return _newest_first(found.values(), max_count)
+
+
+def _record_keys(record: MessageRecord) -> list[str]:
+    unique = record.unique_key
+    return [*record.keys, *([unique] if unique else [])]
+
+
+def _newest_first(messages: Iterable[ReadMessage], max_count: int) -> list[ReadMessage]:
+    """The ``max_count`` most recently stored of ``messages``, newest first."""
+    ordered = sorted(
+        messages, key=lambda m: (m.record.store_timestamp, m.record.queue_id, m.record.queue_offset), reverse=True
+    )
+    return ordered[:max_count]

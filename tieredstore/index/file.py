@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.formats.index_file import slot_of
 from tieredstore.index.format import (
     COMPACTED_ITEM_SIZE,
     COMPACTED_SLOT_SIZE,
@@ -35,7 +36,6 @@ from tieredstore.index.format import (
     decode_compacted_slot,
     decode_unsealed_item,
     encode_unsealed_item,
-    slot_of,
     unsealed_item_position,
     unsealed_slot_position,
     walk_unsealed_chain,

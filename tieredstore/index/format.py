@@ -1,4 +1,4 @@
-"""Byte layouts of key-index files (ours, unsealed and compacted, and RocketMQ's local IndexFile); pure, no I/O.
+"""Byte layouts of our key-index files (unsealed and compacted); pure, no I/O.
 
 Every integer is big-endian. Item numbers start at 1; 0 means "none" (an empty slot, the end of a chain).
 
@@ -22,21 +22,19 @@ so a lookup is two ranged reads: the slot's 8 bytes, then its items. Everything 
 place them (slot count, item count, begin timestamp) follows from what a catalogue records anyway
 (file size, item count, time interval), so the header itself never has to be fetched.
 
-**RocketMQ IndexFile** (read only): a 40-byte header (begin/end timestamp, begin/end physical offset,
-used hash-slot count, index count), slots x i32, items x 20 (key hash, physical offset, time diff in
-seconds, previous item number). Its slot and item capacities are broker settings, not in the file.
+RocketMQ's own local IndexFile, and the ``topic#key`` hash both layouts use, are in
+``tieredstore.formats.index_file``.
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
 from tieredstore.formats.checksum import crc32
-from tieredstore.formats.message import java_string_hash
+from tieredstore.formats.index_file import ReadableBuffer, slot_of
 
 UNSEALED_MAGIC = 0x54534958  # "TSIX"
 COMPACTED_MAGIC = 0x5453435A  # "TSCZ"
@@ -57,32 +55,9 @@ UNSEALED_ITEM_SIZE = _UNSEALED_ITEM.size + _CRC.size  # 36
 COMPACTED_SLOT_SIZE = _COMPACTED_SLOT.size  # 8
 COMPACTED_ITEM_SIZE = _COMPACTED_ITEM.size + _CRC.size  # 32
 
-ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
-"""Anything the decoders read from: file bytes, a mapped file, or a view of either."""
-
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 UINT32_MAX = (1 << 32) - 1
-
-
-def index_key(topic: str, key: str) -> str:
-    """The string a key is indexed by: ``topic#key``, as RocketMQ builds it."""
-    return f"{topic}#{key}"
-
-
-def positive_hash(text: str) -> int:
-    """``abs(text.hashCode())`` with RocketMQ's clamp: abs(Integer.MIN_VALUE) stays negative, so it is 0."""
-    value = abs(java_string_hash(text))
-    return 0 if value > INT32_MAX else value
-
-
-def key_hash(topic: str, key: str) -> int:
-    """The non-negative hash an index stores for ``key`` of ``topic``."""
-    return positive_hash(index_key(topic, key))
-
-
-def slot_of(hash_value: int, slot_count: int) -> int:
-    return hash_value % slot_count
 
 
 def _crc(data: ReadableBuffer) -> int:
@@ -429,89 +404,3 @@ def compact_into(
     )
     out[:HEADER_SIZE] = compacted.encode()
     return compacted
-
-
-# ---- RocketMQ's local IndexFile -----------------------------------------------------------------------
-
-ROCKETMQ_HEADER_SIZE = 40
-_ROCKETMQ_HEADER = struct.Struct(">qqqqii")
-_ROCKETMQ_SLOT = struct.Struct(">i")
-_ROCKETMQ_ITEM = struct.Struct(">iqii")
-ROCKETMQ_SLOT_SIZE = _ROCKETMQ_SLOT.size
-ROCKETMQ_ITEM_SIZE = _ROCKETMQ_ITEM.size  # 20
-
-
-@dataclass(frozen=True, slots=True)
-class RocketMQIndexHeader:
-    begin_timestamp: int
-    end_timestamp: int
-    begin_physical_offset: int
-    end_physical_offset: int
-    hash_slot_count: int
-    index_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class RocketMQIndexItem:
-    key_hash: int
-    physical_offset: int
-    time_diff_seconds: int
-    previous: int
-
-
-class RocketMQIndexFile:
-    """Reads RocketMQ's own local IndexFile; the caller names its slot and item capacities (broker config)."""
-
-    def __init__(self, data: bytes, *, slot_capacity: int, item_capacity: int, location: str | None = None) -> None:
-        expected = ROCKETMQ_HEADER_SIZE + slot_capacity * ROCKETMQ_SLOT_SIZE + item_capacity * ROCKETMQ_ITEM_SIZE
-        if slot_capacity < 1 or item_capacity < 1:
-            raise ValidationError("a RocketMQ index file has at least one slot and one item")
-        if len(data) != expected:
-            raise IntegrityError(
-                f"RocketMQ index file is {len(data)} bytes; {slot_capacity} slots and {item_capacity} items "
-                f"make {expected}"
-            )
-        self._data = data
-        self.slot_capacity = slot_capacity
-        self.item_capacity = item_capacity
-        self.location = location
-        self.header = RocketMQIndexHeader(*_ROCKETMQ_HEADER.unpack_from(data, 0))
-        if not 0 <= self.header.index_count <= item_capacity:
-            raise CorruptRecordError(
-                f"index count {self.header.index_count} is outside 0..{item_capacity}", location=location, offset=0
-            )
-
-    def slot(self, slot: int) -> int:
-        """The newest item number in ``slot`` (0 when empty)."""
-        (value,) = _ROCKETMQ_SLOT.unpack_from(self._data, ROCKETMQ_HEADER_SIZE + slot * ROCKETMQ_SLOT_SIZE)
-        return int(value)
-
-    def item(self, number: int) -> RocketMQIndexItem:
-        if not 1 <= number < self.item_capacity:
-            raise CorruptRecordError(
-                f"item number {number} is outside 1..{self.item_capacity - 1}", location=self.location
-            )
-        pos = ROCKETMQ_HEADER_SIZE + self.slot_capacity * ROCKETMQ_SLOT_SIZE + number * ROCKETMQ_ITEM_SIZE
-        return RocketMQIndexItem(*_ROCKETMQ_ITEM.unpack_from(self._data, pos))
-
-    def lookup(self, key: str, begin_timestamp: int, end_timestamp: int) -> list[int]:
-        """Physical offsets of items whose hash matches ``key`` and whose time is in range, newest first."""
-        hash_value = positive_hash(key)
-        number = self.slot(slot_of(hash_value, self.slot_capacity))
-        found = []
-        while number > 0:
-            if number >= self.header.index_count:
-                raise CorruptRecordError(
-                    f"index chain points to item {number}, past the {self.header.index_count} written",
-                    location=self.location,
-                )
-            item = self.item(number)
-            timestamp = self.header.begin_timestamp + item.time_diff_seconds * 1000
-            if item.key_hash == hash_value and begin_timestamp <= timestamp <= end_timestamp:
-                found.append(item.physical_offset)
-            if item.previous >= number:
-                raise CorruptRecordError(
-                    f"index item {number} links forward to {item.previous}", location=self.location
-                )
-            number = item.previous
-        return found

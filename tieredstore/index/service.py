@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 
 from tieredstore.config import IndexSettings
 from tieredstore.errors import IntegrityError, ReadOnlyError, ValidationError
+from tieredstore.formats.index_file import key_hash
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index.file import (
     CompactedIndexFile,
@@ -41,7 +42,7 @@ from tieredstore.index.file import (
     lookup_segment,
     select_items,
 )
-from tieredstore.index.format import CompactedHeader, IndexItem, key_hash
+from tieredstore.index.format import CompactedHeader, IndexItem
 from tieredstore.providers.base import Provider
 
 logger = logging.getLogger(__name__)

@@ -71,6 +71,7 @@ from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.durable import DurableEnd
 from tieredstore.local.flusher import FlushStats
+from tieredstore.local.index_file import HotKeyIndex, whole_record
 from tieredstore.local.mapped_file import release_files_below, release_mapped_pages
 from tieredstore.local.queue import list_offset_files
 from tieredstore.local.store import (
@@ -413,6 +414,12 @@ class HotStoreFollower(LocalMessageStore):
         if not self.root.is_dir():
             raise NotFoundError(f"{self.root} is not a directory; there is no hot store to follow")
         self._log = _FollowedLog(self.root / "commitlog")
+        self._key_index = HotKeyIndex(
+            self.root / "index",
+            slot_capacity=self.config.index_slot_count,
+            item_capacity=self.config.index_max_items,
+            writable=False,
+        )
         self._followed: dict[tuple[str, int], _FollowedQueue] = {}
         self._listed_at = -1.0
         # The writer's checkpoint: everything below it is flushed. Read again at every listing.
@@ -731,6 +738,15 @@ class HotStoreFollower(LocalMessageStore):
                 lambda offset: self._store_timestamp_of(self._checked_unit(queue, offset)),
             )
 
+    def _record_at(self, commitlog_offset: int) -> bytes | None:
+        """The whole record the writer wrote at ``commitlog_offset``; None when no mapped file holds one."""
+        with self._lock:
+            if self._closed:
+                raise ValidationError("the hot store follower is closed")
+            if self._log.read(commitlog_offset, 1) is None:
+                self._log.refresh()  # a commit-log file the writer created since the last listing
+            return whole_record(self._log.read, commitlog_offset)
+
     # ---- lifecycle and refusals ----------------------------------------------------------------------
 
     def close(self) -> None:
@@ -743,6 +759,7 @@ class HotStoreFollower(LocalMessageStore):
                 queue.close()
             self._followed.clear()
             self._log.close()
+            self._key_index.close()
 
     def __enter__(self) -> HotStoreFollower:
         return self

@@ -1,7 +1,8 @@
 """LocalMessageStore: the hot tier producers write to and the archiver reads from.
 
 Layout is RocketMQ's: ``<dir>/commitlog/<20-digit start>``, ``<dir>/consumequeue/<topic>/<queueId>/
-<20-digit start>``, ``<dir>/checkpoint``, plus ``<dir>/lock`` (one writer per directory) and
+<20-digit start>``, ``<dir>/index/<yyyyMMddHHmmssSSS>`` (the key index, ``tieredstore.local.index_file``),
+``<dir>/checkpoint``, plus ``<dir>/lock`` (one writer per directory) and
 ``<dir>/abort`` (present while open: finding it at open means the last run did not close cleanly).
 Opened ``read_only`` it reads a RocketMQ broker's store directory without writing a byte to it.
 """
@@ -68,6 +69,15 @@ from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import CommitLog, ScanStop
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import Flusher, FlushStats
+from tieredstore.local.index_file import (
+    HotKeyIndex,
+    KeyedRecord,
+    KeyEntry,
+    find_records,
+    put_index_keys,
+    record_index_keys,
+    whole_record,
+)
 from tieredstore.local.queue import ConsumeQueue
 
 log = structlog.get_logger(__name__)
@@ -78,8 +88,8 @@ _HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 # A batched put that passed validation: topic, queue id, the topic's layout, body, record tail, tag hash,
-# record size and body CRC.
-_Batched = tuple[str, int, RecordLayout, bytes, bytes, int, int, int]
+# record size, body CRC and the keys it is indexed by.
+_Batched = tuple[str, int, RecordLayout, bytes, bytes, int, int, int, tuple[str, ...]]
 # How long a disk-usage look stays good: statvfs on every put would cost more than the put.
 _DISK_CHECK_INTERVAL_MS = 200
 
@@ -279,6 +289,7 @@ class RetentionReport:
     commit_log_files: list[str]
     consume_queue_files: int
     commitlog_min_offset: int
+    index_files: list[str] = field(default_factory=list)
 
 
 class LocalMessageStore:
@@ -323,6 +334,12 @@ class LocalMessageStore:
                 self.root / "commitlog", file_size=self.config.commit_log_file_size, writable=not read_only
             )
             self._load_queues()
+            self._key_index = HotKeyIndex(
+                self.root / "index",
+                slot_capacity=self.config.index_slot_count,
+                item_capacity=self.config.index_max_items,
+                writable=not read_only,
+            )
             self.recovery = self._recover()
             for queue in self._queues.values():
                 # Retention (ours or the broker's) may have deleted commit-log files older units point at.
@@ -370,6 +387,8 @@ class LocalMessageStore:
             queue.close()
         if hasattr(self, "_commit_log"):
             self._commit_log.close()
+        if hasattr(self, "_key_index"):
+            self._key_index.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -418,10 +437,17 @@ class LocalMessageStore:
             end = checkpoint.confirmed_offset
             if self._clean_end_is_consistent(end, data_end):
                 log_.write_offset = log_.flushed_offset = end
+                if not self._key_index.existed:
+                    self._key_index.reindex(log_.scan(log_.min_offset), end)
                 return RecoveryReport(clean=True, scanned_from=end, valid_end=end, seconds=time.monotonic() - started)
         if not log_.files and not self._queues:
             return RecoveryReport(clean=True, scanned_from=0, valid_end=0, seconds=time.monotonic() - started)
         start = self._recovery_start(checkpoint, data_end)
+        if not self.read_only:
+            # Items of records from ``start`` on are re-added by the scan below; a torn index file is
+            # rebuilt from the commit log up to there first.
+            rescan = log_.min_offset if not self._key_index.existed else self._key_index.recover(start)
+            self._key_index.reindex(log_.scan(max(rescan, log_.min_offset)), start)
         # Rewound, not cleared: the units rebuilt below overwrite the old ones in place, and only what lies
         # past the rebuilt end is zeroed at the end, so a follower never sees a sound unit vanish.
         dropped = sum(q.rewind_to(q.lower_bound(start)) for q in self._queues.values())
@@ -445,6 +471,8 @@ class LocalMessageStore:
                 stop = ScanStop(offset, str(exc))
                 break
             self._last_store_timestamp = max(self._last_store_timestamp, record.store_timestamp)
+            if not self.read_only:
+                self._key_index.add(record.topic, record_index_keys(record), offset, record.store_timestamp)
             scanned += 1
         cleared, removed = 0, list[str]()
         if self.read_only:
@@ -590,13 +618,15 @@ class LocalMessageStore:
             for queue in list(self._queues.values()):
                 queue.flush()
             self._commit_log.flush(dispatched)
+            self._key_index.flush()
             self._write_checkpoint(dispatched)
 
     def _write_checkpoint(self, confirmed: int) -> None:
         stamp = self._last_store_timestamp
         if self._checkpointed == (stamp, confirmed):
             return  # an idle store does not rewrite (and fsync) the same checkpoint every flush interval
-        Checkpoint(stamp, stamp, 0, confirmed).write(self.root / "checkpoint")
+        # The key index is flushed with the rest: it is as current as the commit log.
+        Checkpoint(stamp, stamp, stamp, confirmed).write(self.root / "checkpoint")
         self._checkpointed = (stamp, confirmed)
 
     @property
@@ -630,9 +660,10 @@ class LocalMessageStore:
             or len(body) > self._max_message_size
         ):
             layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
+            index_keys = put_index_keys(keys, properties)
         else:
-            tail, tag_code = layout.empty_tail, 0
-        result = self._append(topic, queue_id, layout, body, tail, tag_code)
+            tail, tag_code, index_keys = layout.empty_tail, 0, ()
+        result = self._append(topic, queue_id, layout, body, tail, tag_code, index_keys)
         if self._sync_flusher is not None:
             self._sync_flusher.wait_durable(result.commitlog_offset + result.size)
         return result
@@ -656,11 +687,12 @@ class LocalMessageStore:
                 or len(body) > max_size
             ):
                 layout, body, tail, tag_code = self._validated(topic, queue_id, body, keys, tags, properties)
+                index_keys = put_index_keys(keys, properties)
             else:
-                tail, tag_code = layout.empty_tail, 0
+                tail, tag_code, index_keys = layout.empty_tail, 0, ()
             size = layout.fixed_size + len(body) + len(tail)
             total += size
-            batch.append((topic, queue_id, layout, body, tail, tag_code, size, body_crc(body)))
+            batch.append((topic, queue_id, layout, body, tail, tag_code, size, body_crc(body), index_keys))
         if not batch:
             return []
         results = self._append_batch(batch, total)
@@ -706,7 +738,14 @@ class LocalMessageStore:
         return layout
 
     def _append(
-        self, topic: str, queue_id: int, layout: RecordLayout, body: bytes, tail: bytes, tag_code: int
+        self,
+        topic: str,
+        queue_id: int,
+        layout: RecordLayout,
+        body: bytes,
+        tail: bytes,
+        tag_code: int,
+        index_keys: tuple[str, ...],
     ) -> PutResult:
         """Write one validated record and its unit under the put lock; the common case touches no file metadata."""
         body_size = len(body)
@@ -747,6 +786,9 @@ class LocalMessageStore:
             # Publish the record before the unit that points at it: a reader holding a unit can read it.
             log_.write_offset = end
             queue_offset = queue.append_unit(offset, size, tag_code)
+            if index_keys:
+                # Before the dispatched offset moves: a flush that covers the record covers its keys.
+                self._key_index.add(topic, index_keys, offset, store_timestamp)
             self._dispatched_offset = end
             self._unit_count += 1
         return PutResult(topic, queue_id, queue_offset, offset, size, store_timestamp)
@@ -776,8 +818,11 @@ class LocalMessageStore:
             units: dict[ConsumeQueue, list[tuple[int, int, int]]] = {queue: [] for queue in per_queue}
             results: list[PutResult] = []
             parts: list[bytes] = []
+            keyed: list[KeyEntry] = []
             record_offset = offset
-            for (topic, queue_id, layout, body, tail, tag_code, size, crc), queue in zip(batch, targets, strict=True):
+            for (topic, queue_id, layout, body, tail, tag_code, size, crc, index_keys), queue in zip(
+                batch, targets, strict=True
+            ):
                 if positions is not None:
                     record_offset = positions[len(results)]
                 queue_units = units[queue]
@@ -792,6 +837,8 @@ class LocalMessageStore:
                 else:
                     log_.write(record_offset, b"".join((header, body, tail)))
                 results.append(PutResult(topic, queue_id, queue_offset, record_offset, size, store_timestamp))
+                if index_keys:
+                    keyed.append((topic, index_keys, record_offset, store_timestamp))
                 record_offset += size
             if positions is None:
                 position = offset - log_.tail_start
@@ -801,6 +848,8 @@ class LocalMessageStore:
             log_.write_offset = end
             for queue, queue_units in units.items():
                 queue.append_units(queue_units)
+            if keyed:
+                self._key_index.add_many(keyed)
             self._dispatched_offset = end
             self._unit_count += len(batch)
         return results
@@ -1214,6 +1263,24 @@ class LocalMessageStore:
             lambda offset: self._store_timestamp_of(queue.unit_at(offset)),
         )
 
+    def query_keys(
+        self, topic: str, key: str, max_count: int = 32, begin_timestamp: int = 0, end_timestamp: int = (1 << 63) - 1
+    ) -> list[KeyedRecord]:
+        """Messages still in the hot store whose KEYS or UNIQ_KEY include ``key``, stored in [begin, end],
+        newest first, at most ``max_count``; found through the key index under ``index/``."""
+        validate_topic(topic)
+        return find_records(self._key_index, topic, key, max_count, begin_timestamp, end_timestamp, self._record_at)
+
+    def _record_at(self, commitlog_offset: int) -> bytes | None:
+        """The whole record starting at ``commitlog_offset``; None when no record of the hot store is there."""
+        return whole_record(self._read_or_none, commitlog_offset)
+
+    def _read_or_none(self, offset: int, size: int) -> bytes | None:
+        try:
+            return self._commit_log.read(offset, size)
+        except NotFoundError:
+            return None
+
     def offset_msg_id(self, commitlog_offset: int) -> str:
         """RocketMQ's offset message id of a record this store wrote."""
         return (self._store_host.encode() + _OFFSET.pack(commitlog_offset)).hex().upper()
@@ -1256,9 +1323,10 @@ class LocalMessageStore:
             for queue in self._queues.values():
                 queue_files += queue.delete_files_below(log_.min_offset)
             self._unit_count = sum(q.max_offset - q.min_offset for q in self._queues.values())
+            index_files = self._key_index.delete_below(log_.min_offset)
         if removed:
             log.info("hot files deleted", commit_log_files=removed, consume_queue_files=queue_files)
-        return RetentionReport(removed, queue_files, log_.min_offset)
+        return RetentionReport(removed, queue_files, log_.min_offset, index_files)
 
     def _fully_archived(self, file_end: int, archived_offset: Callable[[str, int], int]) -> bool:
         for (topic, queue_id), queue in list(self._queues.items()):

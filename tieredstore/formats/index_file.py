@@ -1,0 +1,276 @@
+"""RocketMQ's local IndexFile layout and the key hash every key index uses; pure, no I/O.
+
+A RocketMQ store writes ``<store>/index/<yyyyMMddHHmmssSSS>`` files as it puts messages. Every integer
+is big-endian::
+
+    header (40)   begin timestamp i64, end timestamp i64, begin physical offset i64,
+                  end physical offset i64, used hash-slot count i32, index count i32
+    slots         slot capacity x i32: number of the newest item whose key hash falls in the slot
+    items         item capacity x 20: key hash i32, physical offset i64, time diff i32 (seconds since
+                  the begin timestamp), previous item number i32
+
+Item numbers start at 1 (item 0 is never written, so a file takes ``item capacity - 1`` items) and 0
+means "none" (an empty slot, the end of a chain). The index count is the number the next item gets.
+A key is indexed as ``topic#key``: each of its KEYS (space separated) and its UNIQ_KEY. The slot and
+item capacities are broker settings, not in the file: a reader is told them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import mmap
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
+from tieredstore.formats.message import java_string_hash
+
+HEADER_SIZE = 40
+SLOT_SIZE = 4
+ITEM_SIZE = 20
+ROCKETMQ_DEFAULT_SLOTS = 5_000_000
+ROCKETMQ_DEFAULT_ITEMS = 20_000_000
+
+INT32_MAX = (1 << 31) - 1
+_UINT32 = (1 << 32) - 1
+_HEADER = struct.Struct(">qqqqii")
+SLOT = struct.Struct(">i")
+ITEM = struct.Struct(">iqii")
+"""A slot and an item, for a writer that packs many in a loop (``pack_slot``, ``pack_item`` do one)."""
+_NAME_FORMAT = "%Y%m%d%H%M%S"
+NAME_LENGTH = 17
+
+ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
+"""Anything the decoders read from: file bytes, a mapped file, or a view of either."""
+
+
+def index_key(topic: str, key: str) -> str:
+    """The string a key is indexed by: ``topic#key``, as RocketMQ builds it."""
+    return f"{topic}#{key}"
+
+
+def positive_hash(text: str) -> int:
+    """``abs(text.hashCode())`` with RocketMQ's clamp: abs(Integer.MIN_VALUE) stays negative, so it is 0."""
+    value = abs(java_string_hash(text))
+    return 0 if value > INT32_MAX else value
+
+
+def key_hash(topic: str, key: str) -> int:
+    """The non-negative hash an index stores for ``key`` of ``topic``: ``positive_hash(index_key(topic, key))``.
+
+    Java's hash is a polynomial, so ``topic#``'s part is computed once per topic and an ASCII key (one
+    UTF-16 unit per byte) continues it byte by byte; this runs once per key on the put path.
+    """
+    if not key.isascii():
+        return positive_hash(index_key(topic, key))
+    value = _prefix_hash(topic)
+    for code in key.encode("ascii"):
+        value = value * 31 + code
+    value &= _UINT32
+    value = (1 << 32) - value if value & 0x80000000 else value
+    return 0 if value > INT32_MAX else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix_hash(topic: str) -> int:
+    return java_string_hash(f"{topic}#") & _UINT32
+
+
+def slot_of(hash_value: int, slot_count: int) -> int:
+    return hash_value % slot_count
+
+
+def index_file_size(slot_capacity: int, item_capacity: int) -> int:
+    return HEADER_SIZE + slot_capacity * SLOT_SIZE + item_capacity * ITEM_SIZE
+
+
+def slot_position(slot: int) -> int:
+    return HEADER_SIZE + slot * SLOT_SIZE
+
+
+def item_position(slot_capacity: int, number: int) -> int:
+    return HEADER_SIZE + slot_capacity * SLOT_SIZE + number * ITEM_SIZE
+
+
+def time_diff_seconds(store_timestamp: int, begin_timestamp: int) -> int:
+    """Whole seconds from the file's begin timestamp, clamped to 0..INT32_MAX as RocketMQ does."""
+    if begin_timestamp <= 0:
+        return 0
+    return min(max((store_timestamp - begin_timestamp) // 1000, 0), INT32_MAX)
+
+
+def index_file_name(timestamp_ms: int) -> str:
+    """``yyyyMMddHHmmssSSS`` of a creation time (UTC), the name RocketMQ gives an index file."""
+    moment = datetime.datetime.fromtimestamp(timestamp_ms / 1000, tz=datetime.UTC)
+    return f"{moment.strftime(_NAME_FORMAT)}{timestamp_ms % 1000:03d}"
+
+
+def parse_index_file_name(name: str) -> int | None:
+    """The creation time (epoch ms, UTC) an index file's name says; None when it is not such a name."""
+    if len(name) != NAME_LENGTH or not name.isdigit():
+        return None
+    try:
+        moment = datetime.datetime.strptime(name[:14], _NAME_FORMAT).replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return int(moment.timestamp()) * 1000 + int(name[14:])
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQIndexHeader:
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_physical_offset: int = 0
+    end_physical_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 1
+
+    def encode(self) -> bytes:
+        return _HEADER.pack(
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_physical_offset,
+            self.end_physical_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    @classmethod
+    def decode(cls, buf: ReadableBuffer) -> RocketMQIndexHeader:
+        return cls(*_HEADER.unpack_from(buf, 0))
+
+    @property
+    def item_count(self) -> int:
+        """Items written (the index count less the never-written item 0)."""
+        return max(self.index_count - 1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQIndexItem:
+    key_hash: int
+    physical_offset: int
+    time_diff_seconds: int
+    previous: int
+
+
+def pack_header(
+    buf: bytearray | memoryview | mmap.mmap,
+    begin_timestamp: int,
+    end_timestamp: int,
+    begin_physical_offset: int,
+    end_physical_offset: int,
+    hash_slot_count: int,
+    index_count: int,
+) -> None:
+    _HEADER.pack_into(
+        buf, 0, begin_timestamp, end_timestamp, begin_physical_offset, end_physical_offset, hash_slot_count,
+        index_count,
+    )  # fmt: skip
+
+
+def read_slot(buf: ReadableBuffer, slot: int) -> int:
+    (value,) = SLOT.unpack_from(buf, HEADER_SIZE + slot * SLOT_SIZE)
+    return int(value)
+
+
+def pack_slot(buf: bytearray | memoryview | mmap.mmap, slot: int, number: int) -> None:
+    SLOT.pack_into(buf, HEADER_SIZE + slot * SLOT_SIZE, number)
+
+
+def pack_item(
+    buf: bytearray | memoryview | mmap.mmap,
+    slot_capacity: int,
+    number: int,
+    hash_value: int,
+    physical_offset: int,
+    time_diff: int,
+    previous: int,
+) -> None:
+    ITEM.pack_into(buf, item_position(slot_capacity, number), hash_value, physical_offset, time_diff, previous)
+
+
+def read_item(buf: ReadableBuffer, slot_capacity: int, number: int) -> RocketMQIndexItem:
+    return RocketMQIndexItem(*ITEM.unpack_from(buf, item_position(slot_capacity, number)))
+
+
+class RocketMQIndexFile:
+    """Reads a RocketMQ local IndexFile from bytes or a live map; the caller names its capacities (broker config).
+
+    The header is read at each call, so a map another process is writing is read as it stands: a
+    writer that writes an item, then the header, then the slot pointing to it never shows a reader
+    (who reads the slot, then the header) a chain into items it has not counted yet.
+    """
+
+    def __init__(
+        self, data: ReadableBuffer, *, slot_capacity: int, item_capacity: int, location: str | None = None
+    ) -> None:
+        if slot_capacity < 1 or item_capacity < 1:
+            raise ValidationError("a RocketMQ index file has at least one slot and one item")
+        expected = index_file_size(slot_capacity, item_capacity)
+        if len(data) != expected:
+            raise IntegrityError(
+                f"RocketMQ index file is {len(data)} bytes; {slot_capacity} slots and {item_capacity} items "
+                f"make {expected}"
+            )
+        self._data = data
+        self.slot_capacity = slot_capacity
+        self.item_capacity = item_capacity
+        self.location = location
+        self._checked(self.header)
+
+    @property
+    def header(self) -> RocketMQIndexHeader:
+        """The header as the file holds it now."""
+        return RocketMQIndexHeader.decode(self._data)
+
+    def _checked(self, header: RocketMQIndexHeader) -> RocketMQIndexHeader:
+        if not 0 <= header.index_count <= self.item_capacity:
+            raise CorruptRecordError(
+                f"index count {header.index_count} is outside 0..{self.item_capacity}", location=self.location, offset=0
+            )
+        return header
+
+    def slot(self, slot: int) -> int:
+        """The newest item number in ``slot`` (0 when empty)."""
+        return read_slot(self._data, slot)
+
+    def item(self, number: int) -> RocketMQIndexItem:
+        if not 1 <= number < self.item_capacity:
+            raise CorruptRecordError(
+                f"item number {number} is outside 1..{self.item_capacity - 1}", location=self.location
+            )
+        return read_item(self._data, self.slot_capacity, number)
+
+    def chain(self, hash_value: int) -> Iterator[tuple[int, RocketMQIndexItem]]:
+        """(number, item) of every item chained in ``hash_value``'s slot, newest first, whatever its hash.
+
+        Each step must go to a strictly smaller item number, so a corrupt link ends in an error, never a loop.
+        """
+        number = self.slot(slot_of(hash_value, self.slot_capacity))
+        header = self._checked(self.header)
+        while number > 0:
+            if number >= header.index_count:
+                raise CorruptRecordError(
+                    f"index chain points to item {number}, past the {header.index_count} written",
+                    location=self.location,
+                )
+            item = self.item(number)
+            yield number, item
+            if item.previous >= number:
+                raise CorruptRecordError(
+                    f"index item {number} links forward to {item.previous}", location=self.location
+                )
+            number = item.previous
+
+    def lookup(self, key: str, begin_timestamp: int, end_timestamp: int) -> list[int]:
+        """Physical offsets of items whose hash matches ``key`` and whose time is in range, newest first."""
+        hash_value = positive_hash(key)
+        begin = self.header.begin_timestamp
+        found = []
+        for _, item in self.chain(hash_value):
+            timestamp = begin + item.time_diff_seconds * 1000
+            if item.key_hash == hash_value and begin_timestamp <= timestamp <= end_timestamp:
+                found.append(item.physical_offset)
+        return found
