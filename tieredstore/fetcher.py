@@ -70,9 +70,11 @@ served (``verify_served``), one by one.
 **Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
 that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
 may be about to record. Each queue is a read-only view (``FlatFileStore.open_read_only``), refreshed
-from metadata when a read reaches its end and when the max offset is asked for (its segment rows only
-when the queue's row changed), and wholly once when a segment it names is gone (the archiver's
-retention removed it), so later commits by another process are seen.
+from metadata when a call the policy serves from cold storage does not go on inside its cached window,
+and when the max offset is asked for (its segment rows only when the queue's row changed), and wholly
+once when a segment it names is gone: so later commits by another process are seen, and an offset the
+archiver's retention removed is OFFSET_TOO_SMALL with the new min offset, even where the cache holds it
+(a call going on inside the window its last call read is served the rest of that window).
 
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
 hash is checked first where the window was read by its units, then the record's real TAGS, so a hash
@@ -954,12 +956,14 @@ class MessageFetcher:
         view = await self.offsets(topic, queue_id)
         if (
             self.read_only_cold
-            and offset >= view.cold_max
             and self._cold_first(topic, queue_id, offset, view)
             and await self.refresh_cold(topic, queue_id, if_changed=True)
         ):
-            # The read reached the view's end: look for later commits. Not when the policy serves the offset
-            # from the hot store anyway: a consumer reading recent messages would query metadata every call.
+            # Look for what another process changed (one row when nothing did): later commits, at the view's
+            # end, and the archiver's retention anywhere, whose new min offset makes a removed offset
+            # OFFSET_TOO_SMALL even where the cache still holds it. Not when the policy serves the offset from
+            # the hot store anyway (a consumer reading recent messages would query metadata every call), nor
+            # on a call that goes on inside the cached window its last call read (``_continue``).
             view = await self.offsets(topic, queue_id)
         # What the view rests on, taken with it (no await in between), for the next call to go on from.
         cold = self._loaded_cold_file(topic, queue_id)
