@@ -29,7 +29,7 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("reserve_seconds", sa.BigInteger(), server_default=sa.text(str(DEFAULT_SECONDS)), nullable=False)
         )
-    op.execute("UPDATE topics SET reserve_seconds = reserve_hours * 3600")
+    op.execute("UPDATE topics SET reserve_seconds = CAST(reserve_hours AS BIGINT) * 3600")
     with op.batch_alter_table("topics") as batch:
         batch.drop_column("reserve_hours")
 
