@@ -59,6 +59,7 @@ async def test_each_archiver_expires_the_queues_it_holds_and_each_index_file_goe
                 # namespace (its own and B's); B only the file it is still filling, which only B has.
                 assert _index_files_deleted(a) == 2 and _index_files_deleted(b) == 1
                 assert b.metadata.list_index_files() == []
+                assert b.index.files() == []  # B no longer answers from its uploaded file A deleted
                 # Every queue expired (rolled, then its sealed segments deleted) by the archiver holding it,
                 # and each segment once.
                 for queue_id in range(QUEUES):

@@ -528,9 +528,7 @@ class IndexService:
 
     # ---- retention ----------------------------------------------------------------------------------
 
-    def _expired(
-        self, before_timestamp: int, *, uploaded_only: bool, local_only: bool = False
-    ) -> list[IndexFileRecord]:
+    def _expired(self, before_timestamp: int, *, uploaded_only: bool) -> list[IndexFileRecord]:
         """Files whose newest item is older than ``before_timestamp`` (live counts for the current file)."""
         return [
             record
@@ -539,7 +537,6 @@ class IndexService:
             and record.end_timestamp is not None
             and record.end_timestamp < before_timestamp
             and (record.status is IndexFileStatus.UPLOAD or not uploaded_only)
-            and (record.status is not IndexFileStatus.UPLOAD or not local_only)
         ]
 
     async def expired_files(self, before_timestamp: int, *, uploaded_only: bool = False) -> list[int]:
@@ -559,7 +556,8 @@ class IndexService:
         retention of a namespace whose archiver runs elsewhere, or is gone, and is allowed read-only:
         its uploaded files are immutable, so deleting them cannot race a write, and its local files
         are left to their owner. ``local_only`` is the converse, for an owner whose uploaded files
-        another archiver deletes (``KeyIndex.delete_expired``).
+        another archiver deletes (``KeyIndex.delete_expired``): it stops answering from them, and
+        returns only the ids it deleted itself.
         """
         if not uploaded_only:
             self._refuse_if_read_only("delete index files")
@@ -568,7 +566,10 @@ class IndexService:
             await asyncio.to_thread(self._reload_catalogue)
         removed = []
         async with self._maintain_lock, self._write_lock:
-            for record in self._expired(before_timestamp, uploaded_only=uploaded_only, local_only=local_only):
+            for record in self._expired(before_timestamp, uploaded_only=uploaded_only):
+                if local_only and record.status is IndexFileStatus.UPLOAD:
+                    self._records.pop(record.file_id, None)
+                    continue
                 current = self._current
                 if current is not None and current.file_id == record.file_id:
                     current.close()
