@@ -74,7 +74,7 @@ from metadata when a call the policy serves from cold storage does not go on ins
 and when the max offset is asked for (its segment rows only when the queue's row changed), and wholly
 once when a segment it names is gone: so later commits by another process are seen, and an offset the
 archiver's retention removed is OFFSET_TOO_SMALL with the new min offset, even where the cache holds it
-(a call going on inside the window its last call read is served the rest of that window).
+(a call going on inside the window its last call read is served from it for up to ``read_ahead_ttl``).
 
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
 hash is checked first where the window was read by its units, then the record's real TAGS, so a hash
@@ -680,7 +680,9 @@ class _Continuation:
     The next call from ``next_offset`` is served from ``window`` directly (``MessageFetcher._continue``)
     while nothing it rested on changed: the window is still cached, the cold file and its segments are
     the same objects (``FlatAppendFile.held`` is one object until they change), the hot store's offsets
-    for the queue are the same, and the policy would read these offsets from cold storage.
+    for the queue are the same, and the policy would read these offsets from cold storage. A read-only
+    view cannot see another process's changes without a metadata query, so there it also goes no longer
+    than ``read_ahead_ttl`` after ``checked_at``, when the full path last looked for them.
     """
 
     next_offset: int
@@ -689,6 +691,7 @@ class _Continuation:
     view: QueueOffsets
     cold: FlatMessageFile
     held: HeldRuns
+    checked_at: float
 
 
 @dataclass(slots=True)
@@ -927,6 +930,8 @@ class MessageFetcher:
         continuation = self._continuations.get((topic, queue_id))
         if continuation is None or continuation.next_offset != offset:
             return None
+        if self.read_only_cold and self.cache.clock() - continuation.checked_at >= self.settings.read_ahead_ttl:
+            return None  # time to look for the archiver's commits and retention (the full path does)
         window = continuation.window()
         end = offset + max_count
         if window is None or end > window.end_offset:
@@ -963,7 +968,8 @@ class MessageFetcher:
             # end, and the archiver's retention anywhere, whose new min offset makes a removed offset
             # OFFSET_TOO_SMALL even where the cache still holds it. Not when the policy serves the offset from
             # the hot store anyway (a consumer reading recent messages would query metadata every call), nor
-            # on a call that goes on inside the cached window its last call read (``_continue``).
+            # on a call that goes on inside the cached window its last call read (``_continue``, which comes
+            # here again at least every read_ahead_ttl).
             view = await self.offsets(topic, queue_id)
         # What the view rests on, taken with it (no await in between), for the next call to go on from.
         cold = self._loaded_cold_file(topic, queue_id)
@@ -992,7 +998,7 @@ class MessageFetcher:
             return result(GetMessageStatus.NO_MATCHED_MESSAGE, batch.next_offset)
         if message_filter is None and batch.window is not None and cold is not None and held is not None:
             self._continuations[(topic, queue_id)] = _Continuation(
-                batch.next_offset, weakref.ref(batch.window), view, cold, held
+                batch.next_offset, weakref.ref(batch.window), view, cold, held, self.cache.clock()
             )
         return result(GetMessageStatus.FOUND, batch.next_offset, batch.messages)
 

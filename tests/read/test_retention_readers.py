@@ -20,7 +20,7 @@ from tieredstore.cli.read import QueueReader
 from tieredstore.config import TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.errors import NotFoundError
-from tieredstore.fetcher import GetMessageStatus
+from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.runtime import Runtime, open_runtime
 from tieredstore.store import AsyncTieredMessageStore
 
@@ -131,3 +131,38 @@ def _s3_env(backend: ProviderBackend) -> dict[str, str]:
         "addressing_style": "TIEREDSTORE_S3__ADDRESSING_STYLE",
     }
     return {names[key]: str(value) for key, value in options.items() if key in names}
+
+
+# POSIX only: on S3 a window ends with the object (one commit's chunk) holding its first record, and each of
+# these messages was committed alone, so every call there takes the full path, which sees the new minimum.
+@pytest.mark.parametrize("provider_factory", ["posix"], indirect=True)
+async def test_a_reader_going_on_inside_its_cached_window_sees_the_new_minimum_within_read_ahead_ttl(
+    tmp_path: Path, provider_factory: ProviderBackend, migrated_metadata_url: str
+) -> None:
+    config = config_for_backend(tmp_path, provider_factory, metadata_url=migrated_metadata_url)
+    ttl = config.read.read_ahead_ttl
+    now = [0.0]
+    async with (
+        _archiver(config) as (runtime, dispatcher, clock),
+        open_runtime(config, hot=False, recover=False, cold_owner=False) as cold_side,
+    ):
+        fetcher = MessageFetcher(
+            None, cold_side.flat, settings=config.read, read_only_cold=True, cache_clock=lambda: now[0]
+        )
+        try:
+            first = await fetcher.get_messages(TOPIC, 0, 0, 8)
+            assert [m.queue_offset for m in first.messages] == list(range(8))
+            await _expire_first_day(runtime, dispatcher, clock)
+            # Going on inside the window it holds, it is served from it a while (no metadata query per call) ...
+            now[0] = 0.6 * ttl
+            assert (await fetcher.get_messages(TOPIC, 0, 8, 8)).status is GetMessageStatus.FOUND
+            # ... but no longer than read_ahead_ttl after it last looked, however often it reads the window.
+            now[0] = ttl
+            result = await fetcher.get_messages(TOPIC, 0, 16, 8)
+            assert (result.status, result.next_begin_offset, result.min_offset) == (
+                GetMessageStatus.OFFSET_TOO_SMALL,
+                FIRST_KEPT,
+                FIRST_KEPT,
+            )
+        finally:
+            await fetcher.close()
