@@ -30,6 +30,7 @@ NAMING_CONVENTION = {
 }
 
 DEFAULT_RESERVE_HOURS = 72
+DEFAULT_RESERVE_SECONDS = DEFAULT_RESERVE_HOURS * 3600
 PATH_LENGTH = 1024
 NAME_LENGTH = 255
 
@@ -92,7 +93,7 @@ class Topic(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
-    reserve_hours: Mapped[int] = mapped_column(Integer, server_default=text(str(DEFAULT_RESERVE_HOURS)))
+    reserve_seconds: Mapped[int] = mapped_column(BigInteger, server_default=text(str(DEFAULT_RESERVE_SECONDS)))
     status: Mapped[TopicStatus] = mapped_column(
         _status_enum(TopicStatus, "topic_status"), server_default=TopicStatus.ACTIVE.value
     )

@@ -65,7 +65,7 @@ from tieredstore.metadata.engine import (
     translate_errors,
 )
 from tieredstore.metadata.models import (
-    DEFAULT_RESERVE_HOURS,
+    DEFAULT_RESERVE_SECONDS,
     Archiver,
     IndexFile,
     IndexFileStatus,
@@ -96,10 +96,16 @@ def now_ms() -> int:
 class TopicInfo:
     id: int
     name: str
-    reserve_hours: int
+    reserve_seconds: int
     status: TopicStatus
     created: int
     updated: int
+
+    @property
+    def reserve_hours(self) -> float:
+        """The retention in hours: an int when whole, as it is for retentions given in hours."""
+        hours = self.reserve_seconds / 3600
+        return int(hours) if hours.is_integer() else hours
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +190,16 @@ class IndexFileRecord:
     updated: int
 
 
+def _reserve_seconds(reserve_hours: float) -> int:
+    """A retention given in hours, in whole seconds; ValidationError below one second."""
+    seconds = round(reserve_hours * 3600)
+    if seconds < 1:
+        raise ValidationError(f"reserve_hours {reserve_hours} must be positive (at least one second)")
+    return seconds
+
+
 def _topic_info(row: Topic) -> TopicInfo:
-    return TopicInfo(row.id, row.name, row.reserve_hours, row.status, row.created, row.updated)
+    return TopicInfo(row.id, row.name, row.reserve_seconds, row.status, row.created, row.updated)
 
 
 def _queue_position(topic: str, row: Queue | Row[Any]) -> QueuePosition:
@@ -531,10 +545,9 @@ class MetadataStore:
 
     # ---- topics ----------------------------------------------------------------------------------
 
-    def get_or_create_topic(self, name: str, *, reserve_hours: int | None = None) -> TopicInfo:
+    def get_or_create_topic(self, name: str, *, reserve_hours: float | None = None) -> TopicInfo:
         """The topic named ``name``, created with ``reserve_hours`` (default 72) if it does not exist."""
-        if reserve_hours is not None and reserve_hours <= 0:
-            raise ValidationError(f"reserve_hours {reserve_hours} must be positive")
+        reserve_seconds = DEFAULT_RESERVE_SECONDS if reserve_hours is None else _reserve_seconds(reserve_hours)
         existing = self._find_topic(name)
         if existing is not None:
             return existing
@@ -543,7 +556,7 @@ class MetadataStore:
             with self._writing("create a topic") as session:
                 row = Topic(
                     name=name,
-                    reserve_hours=reserve_hours or DEFAULT_RESERVE_HOURS,
+                    reserve_seconds=reserve_seconds,
                     status=TopicStatus.ACTIVE,
                     created=stamp,
                     updated=stamp,
@@ -575,11 +588,9 @@ class MetadataStore:
         with self._reading("list topics") as session:
             return [_topic_info(row) for row in session.scalars(select(Topic).order_by(Topic.name))]
 
-    def set_retention(self, name: str, reserve_hours: int) -> TopicInfo:
-        """Keep the topic's cold data for ``reserve_hours`` hours."""
-        if reserve_hours <= 0:
-            raise ValidationError(f"reserve_hours {reserve_hours} must be positive")
-        return self._update_topic(name, reserve_hours=reserve_hours)
+    def set_retention(self, name: str, reserve_hours: float) -> TopicInfo:
+        """Keep the topic's cold data for ``reserve_hours`` hours (kept to the second)."""
+        return self._update_topic(name, reserve_seconds=_reserve_seconds(reserve_hours))
 
     def set_topic_status(self, name: str, status: TopicStatus) -> TopicInfo:
         return self._update_topic(name, status=status)

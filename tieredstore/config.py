@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
@@ -26,10 +27,14 @@ from pydantic_settings import (
 from tieredstore.errors import ConfigError
 from tieredstore.topic_filter import check_topic_pattern
 
+log = structlog.get_logger(__name__)
+
 MIB = 1 << 20
 GIB = 1 << 30
 DEFAULT_DATA_DIR = Path("tieredstore-data")
 CONFIG_ENV = "TIEREDSTORE_CONFIG"
+# A [segments] key of older versions, still accepted (and ignored) so that their config files load.
+REMOVED_ROLLING_MIN_SIZE = "commit_log_rolling_min_size"
 
 
 class ReadPolicy(enum.StrEnum):
@@ -89,12 +94,28 @@ class HotSettings(_Section):
 
 
 class SegmentSettings(_Section):
-    """Cold segments: sizes and commit-log rolling."""
+    """Cold segments: sizes and rolling by time."""
 
     commit_log_max_size: int = Field(default=GIB, ge=4096)
     consume_queue_max_size: int = Field(default=100 * MIB, ge=20)
-    commit_log_rolling_interval: float = Field(default=24 * 3600, gt=0, description="seconds")
-    commit_log_rolling_min_size: int = Field(default=16 * MIB, ge=0)
+    commit_log_rolling_interval: float = Field(
+        default=24 * 3600,
+        gt=0,
+        description="seconds after which a queue's open commit-log and consume-queue segments roll, whatever "
+        "their size: cold data is gone at most its topic's retention plus this after it was stored",
+    )
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_rolling_min_size(cls, values: Any) -> Any:
+        # Older config files set it; a minimum size kept quiet queues from ever expiring, so it is gone.
+        if isinstance(values, dict) and REMOVED_ROLLING_MIN_SIZE in values:
+            values = {k: v for k, v in values.items() if k != REMOVED_ROLLING_MIN_SIZE}
+            log.warning(
+                f"segments.{REMOVED_ROLLING_MIN_SIZE} is ignored and can be removed: segments roll by time "
+                "whatever their size, so that retention removes a quiet queue's data too"
+            )
+        return values
 
 
 class ArchiverSettings(_Section):
@@ -121,7 +142,10 @@ class ArchiverSettings(_Section):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_addr: str = Field(default="127.0.0.1", description="address /metrics binds to; 0.0.0.0 in a container")
     maintain_interval: float = Field(
-        default=60.0, gt=0, description="seconds between hot-store retention and key-index upload passes"
+        default=60.0,
+        gt=0,
+        description="seconds between maintenance passes: hot and cold retention (rolling segments that are due), "
+        "key-index upload",
     )
     leases: bool | None = Field(
         default=None,

@@ -51,6 +51,7 @@ from tieredstore.local.batch import HotBatch
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
+from tieredstore.retention import ArchiverRetention
 from tieredstore.runtime import Runtime
 from tieredstore.topic_filter import TopicFilter
 
@@ -201,6 +202,7 @@ class Dispatcher:
         clock_ms: Callable[[], int] = wall_clock_ms,
         leases: LeaseManager | None = None,
         index_upkeep: Callable[[], Awaitable[object]] | None = None,
+        retention: ArchiverRetention | None = None,
     ) -> None:
         self.hot = hot
         self.flat = flat
@@ -209,6 +211,8 @@ class Dispatcher:
         # What a maintenance pass runs for the key index: ``index.maintain`` unless told otherwise
         # (``KeyIndex.maintain`` also sweeps namespaces left by archivers that are gone).
         self._index_upkeep = index_upkeep or (index.maintain if index is not None else None)
+        # Cold retention on the maintenance pass (None: only ``tieredstore retention`` applies it).
+        self.retention = retention
         self.settings = settings or ArchiverSettings()
         self.topics = TopicFilter.of(self.settings, cluster=flat.cluster, broker=flat.broker)
         self.metrics = metrics or Metrics()
@@ -256,6 +260,13 @@ class Dispatcher:
             clock_ms=clock_ms,
             leases=leases,
             index_upkeep=runtime.keys.maintain if with_index else None,
+            retention=ArchiverRetention(
+                runtime.metadata,
+                runtime.metrics,
+                default_reserve_hours=runtime.config.default_reserve_hours,
+                keys=runtime.keys if with_index else None,
+                owner=leases.owner if leases is not None else None,
+            ),
         )
 
     # ---- start-up ----------------------------------------------------------------------------------
@@ -443,7 +454,8 @@ class Dispatcher:
     # ---- maintenance -------------------------------------------------------------------------------
 
     async def maintain(self) -> None:
-        """Delete hot files whose messages are all archived and old enough; seal and upload index files.
+        """Delete hot files whose messages are all archived and old enough; roll segments that are due and
+        apply cold retention (``tieredstore.retention``); seal and upload index files.
 
         A read-only or followed hot store is not ours to delete from: its writer process runs hot
         retention against the archived offsets in metadata (``AsyncTieredMessageStore.delete_expired_hot``).
@@ -454,7 +466,44 @@ class Dispatcher:
                 await asyncio.to_thread(self.hot.delete_expired, archived_offset)
             except (TieredStoreError, OSError) as error:
                 log.warning("hot retention failed", error=str(error))
+        await self._maintain_cold()
         await self._maintain_index()
+
+    async def _maintain_cold(self) -> None:
+        """Cold retention of every queue this archiver holds, each under its lock, then of the key index."""
+        retention = self.retention
+        if retention is None:
+            return
+        now = self.clock_ms()
+        try:
+            topics = await retention.topics()
+        except (TieredStoreError, OSError) as error:
+            self.metrics.retention_failures.inc()
+            log.warning("cold retention skipped: topics could not be listed", error=str(error))
+            return
+        for key, state in sorted(self._queues.items()):
+            async with state.lock:
+                # Checked under the lock: a batch or a lease round may have changed the queue meanwhile.
+                if state.flat_file is None or state.needs_commit or not self._serves(key):
+                    continue
+                try:
+                    await retention.expire_queue(state.flat_file, topics.get(state.topic), now)
+                except (LeaseLostError, CommitConflictError) as error:
+                    self._lose_queue(state, error, phase="retention")
+                except (TieredStoreError, OSError) as error:
+                    self.metrics.retention_failures.inc()
+                    log.warning(
+                        "cold retention failed; the next pass retries",
+                        topic=state.topic,
+                        queue_id=state.queue_id,
+                        error=f"{type(error).__name__}: {error}",
+                    )
+        if self.index is not None:
+            try:
+                await retention.expire_index(now, topics)
+            except (TieredStoreError, OSError) as error:
+                self.metrics.retention_failures.inc()
+                log.warning("key-index retention failed; the next pass retries", error=str(error))
 
     def _archived_for_retention(self, topic: str, queue_id: int) -> int:
         state = self._queues.get((topic, queue_id))

@@ -70,9 +70,11 @@ served (``verify_served``), one by one.
 **Cold-only readers** (``read_only_cold``: a store opened without its hot store, beside an archiver
 that owns the cold queues) never recover a queue, since recovery truncates bytes a running archiver
 may be about to record. Each queue is a read-only view (``FlatFileStore.open_read_only``), refreshed
-from metadata when a read reaches its end and when the max offset is asked for (its segment rows only
-when the queue's row changed), and wholly once when a segment it names is gone (the archiver's
-retention removed it), so later commits by another process are seen.
+from metadata when a call the policy serves from cold storage does not go on inside its cached window,
+and when the max offset is asked for (its segment rows only when the queue's row changed), and wholly
+once when a segment it names is gone: so later commits by another process are seen, and an offset the
+archiver's retention removed is OFFSET_TOO_SMALL with the new min offset, even where the cache holds it
+(a call going on inside the window its last call read is served from it for up to ``read_ahead_ttl``).
 
 **Filters.** A ``MessageFilter`` keeps messages whose tag is one of ``tags`` (the consume-queue tag
 hash is checked first where the window was read by its units, then the record's real TAGS, so a hash
@@ -678,7 +680,9 @@ class _Continuation:
     The next call from ``next_offset`` is served from ``window`` directly (``MessageFetcher._continue``)
     while nothing it rested on changed: the window is still cached, the cold file and its segments are
     the same objects (``FlatAppendFile.held`` is one object until they change), the hot store's offsets
-    for the queue are the same, and the policy would read these offsets from cold storage.
+    for the queue are the same, and the policy would read these offsets from cold storage. A read-only
+    view cannot see another process's changes without a metadata query, so there it also goes no longer
+    than ``read_ahead_ttl`` after ``checked_at``, when the full path last looked for them.
     """
 
     next_offset: int
@@ -687,6 +691,7 @@ class _Continuation:
     view: QueueOffsets
     cold: FlatMessageFile
     held: HeldRuns
+    checked_at: float
 
 
 @dataclass(slots=True)
@@ -925,6 +930,8 @@ class MessageFetcher:
         continuation = self._continuations.get((topic, queue_id))
         if continuation is None or continuation.next_offset != offset:
             return None
+        if self.read_only_cold and self.cache.clock() - continuation.checked_at >= self.settings.read_ahead_ttl:
+            return None  # time to look for the archiver's commits and retention (the full path does)
         window = continuation.window()
         end = offset + max_count
         if window is None or end > window.end_offset:
@@ -954,12 +961,15 @@ class MessageFetcher:
         view = await self.offsets(topic, queue_id)
         if (
             self.read_only_cold
-            and offset >= view.cold_max
             and self._cold_first(topic, queue_id, offset, view)
             and await self.refresh_cold(topic, queue_id, if_changed=True)
         ):
-            # The read reached the view's end: look for later commits. Not when the policy serves the offset
-            # from the hot store anyway: a consumer reading recent messages would query metadata every call.
+            # Look for what another process changed (one row when nothing did): later commits, at the view's
+            # end, and the archiver's retention anywhere, whose new min offset makes a removed offset
+            # OFFSET_TOO_SMALL even where the cache still holds it. Not when the policy serves the offset from
+            # the hot store anyway (a consumer reading recent messages would query metadata every call), nor
+            # on a call that goes on inside the cached window its last call read (``_continue``, which comes
+            # here again at least every read_ahead_ttl).
             view = await self.offsets(topic, queue_id)
         # What the view rests on, taken with it (no await in between), for the next call to go on from.
         cold = self._loaded_cold_file(topic, queue_id)
@@ -988,7 +998,7 @@ class MessageFetcher:
             return result(GetMessageStatus.NO_MATCHED_MESSAGE, batch.next_offset)
         if message_filter is None and batch.window is not None and cold is not None and held is not None:
             self._continuations[(topic, queue_id)] = _Continuation(
-                batch.next_offset, weakref.ref(batch.window), view, cold, held
+                batch.next_offset, weakref.ref(batch.window), view, cold, held, self.cache.clock()
             )
         return result(GetMessageStatus.FOUND, batch.next_offset, batch.messages)
 

@@ -70,6 +70,23 @@ class Metrics:
             "Key-index maintenance passes (seal, compact, upload) that failed; the next pass retries",
             registry=r,
         )
+        self.retention_segments = Counter(
+            "tieredstore_retention_deleted_segments",
+            "Cold segments deleted by retention",
+            ["topic", "file_type"],
+            registry=r,
+        )
+        self.retention_bytes = Counter(
+            "tieredstore_retention_deleted_bytes", "Bytes of cold segments deleted by retention", ["topic"], registry=r
+        )
+        self.retention_index_files = Counter(
+            "tieredstore_retention_deleted_index_files", "Key-index files deleted by retention", registry=r
+        )
+        self.retention_failures = Counter(
+            "tieredstore_retention_failures",
+            "Queues (or key-index passes) whose retention failed on a maintenance pass; the next pass retries",
+            registry=r,
+        )
         self.cache_hits = Counter("tieredstore_read_ahead_hits", "Read-ahead cache hits", registry=r)
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)

@@ -55,7 +55,6 @@ def flat_file_settings(config: TieredStoreConfig) -> FlatFileSettings:
         commit_log_max_size=segments.commit_log_max_size,
         consume_queue_max_size=segments.consume_queue_max_size,
         commit_log_rolling_interval=segments.commit_log_rolling_interval,
-        commit_log_rolling_min_size=segments.commit_log_rolling_min_size,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from tests.cli.helpers import Node
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.leases import SingleArchiverLock
@@ -103,3 +105,20 @@ def test_topic_delete_and_retention_refuse_while_an_archiver_heartbeats(node: No
         assert [row["topic"] for row in node("topics", output="json").json()["rows"]] == [TOPIC]
         metadata.remove_archiver("archiver-b")  # its clean shutdown
     assert node("topic", "delete", TOPIC, "--yes").exit_code == 0
+
+
+def test_set_retention_takes_seconds_minutes_hours_and_days_and_a_bare_number_is_hours(node: Node) -> None:
+    produce(node, 0, 10)
+    archive(node)
+    for given, hours in (("30s", 30 / 3600), ("15m", 0.25), ("72h", 72), ("7d", 168), ("5", 5), ("90M", 1.5)):
+        changed = node("topic", "set-retention", TOPIC, given, output="json")
+        assert changed.exit_code == 0, changed.stderr
+        assert changed.json()["reserve_hours"] == pytest.approx(hours), given
+        [row] = [t for t in node("topics", output="json").json()["rows"] if t["topic"] == TOPIC]
+        assert row["reserve_hours"] == pytest.approx(hours), given
+    for bad in ("0", "0s", "3w", "1.5h", "5x", "h", ""):
+        refused = node("topic", "set-retention", TOPIC, bad)
+        assert refused.exit_code == 2, (bad, refused.stderr)
+        assert "is not a duration" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, bad
+    [row] = [t for t in node("topics", output="json").json()["rows"] if t["topic"] == TOPIC]
+    assert row["reserve_hours"] == pytest.approx(1.5)  # the last good value: nothing was changed by a refusal

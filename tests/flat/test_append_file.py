@@ -6,7 +6,7 @@ import pytest
 
 from tieredstore.errors import NotFoundError
 from tieredstore.flat import BoundaryType, FlatAppendFile, FlatCommitLogFile, FlatConsumeQueueFile
-from tieredstore.formats.consume_queue import ConsumeQueueUnit
+from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
 from tieredstore.providers.memory import MemoryProvider
@@ -156,21 +156,28 @@ async def test_consume_queue_rolls_on_whole_units(memory_provider: MemoryProvide
     assert (queue.min_queue_offset, queue.commit_queue_offset) == (7, 12)
 
 
-async def test_commit_log_rolls_by_time_only_past_the_minimum_size(
+async def test_both_files_roll_by_time_whatever_their_size_and_never_when_empty(
     memory_provider: MemoryProvider, metadata: MetadataStore
 ) -> None:
     now = [BASE_TIMESTAMP]
-    commit_log = FlatCommitLogFile(
-        memory_provider, metadata, PATH, rolling_interval_ms=1000, rolling_min_size=100, clock=lambda: now[0]
+    commit_log = FlatCommitLogFile(memory_provider, metadata, PATH, rolling_interval_ms=1000, clock=lambda: now[0])
+    queue = FlatConsumeQueueFile(
+        memory_provider, metadata, PATH, commit_log=commit_log, rolling_interval_ms=1000, clock=lambda: now[0]
     )
     await commit_log.append(b"a" * 60, BASE_TIMESTAMP)
-    now[0] += 5000
-    assert await commit_log.try_rolling() is False  # old enough, but below the minimum size
-    await commit_log.append(b"b" * 60, BASE_TIMESTAMP + 10)
-    assert await commit_log.try_rolling(BASE_TIMESTAMP + 999) is False  # big enough, not old enough
-    assert await commit_log.try_rolling() is True
-    assert [s.base_offset for s in commit_log.segments] == [0, 120]
-    assert metadata.get_segment(PATH, FileType.COMMIT_LOG, 0).status is SegmentStatus.SEALED
+    await queue.append_unit(ConsumeQueueUnit(0, 60, 0), BASE_TIMESTAMP)
+    assert await commit_log.try_rolling(BASE_TIMESTAMP + 999) is False  # not old enough
+    now[0] += 1000
+    # 60 bytes and one unit: small segments roll too, so that retention can remove them.
+    assert await queue.try_rolling() is True and await commit_log.try_rolling() is True
+    assert [s.base_offset for s in commit_log.segments] == [0, 60]
+    assert [s.base_offset for s in queue.segments] == [0, UNIT_SIZE]
+    for file_type in (FileType.COMMIT_LOG, FileType.CONSUME_QUEUE):
+        assert metadata.get_segment(PATH, file_type, 0).status is SegmentStatus.SEALED
+    now[0] += 10_000
+    # The new segments are empty: sealing them would leave nothing to write to.
+    assert await queue.try_rolling() is False and await commit_log.try_rolling() is False
+    assert metadata.get_segment(PATH, FileType.COMMIT_LOG, 60).status is SegmentStatus.NEW
 
 
 async def test_commit_log_finds_segments_by_queue_offset_and_time(

@@ -80,6 +80,30 @@ def test_store_opens_a_database_at_head(metadata_url: str) -> None:
         assert store.get_or_create_topic("TopicA").reserve_hours == 72
 
 
+def test_topic_retentions_in_hours_become_seconds_and_a_downgrade_rounds_up_to_hours(metadata_url: str) -> None:
+    upgrade(metadata_url, "0002_archivers")
+    engine = create_metadata_engine(metadata_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO topics (name, reserve_hours, status, created, updated) "
+                    "VALUES ('Kept', 5, 'ACTIVE', 0, 0), ('Default', 72, 'ACTIVE', 0, 0)"
+                )
+            )
+        upgrade(metadata_url)
+        with MetadataStore(metadata_url) as store:
+            assert {t.name: t.reserve_seconds for t in store.list_topics()} == {"Kept": 5 * 3600, "Default": 72 * 3600}
+            assert store.get_topic("Kept").reserve_hours == 5
+            assert store.set_retention("Kept", 30 / 3600).reserve_seconds == 30  # 30 s: kept to the second
+        downgrade(metadata_url, "0002_archivers")
+        with engine.connect() as connection:
+            rows = connection.execute(text("SELECT name, reserve_hours FROM topics ORDER BY name")).all()
+        assert [tuple(row) for row in rows] == [("Default", 72), ("Kept", 1)]
+    finally:
+        engine.dispose()
+
+
 def test_refusal_hides_the_password(postgres_url: str) -> None:
     with_password = postgres_url.replace("postgres@", "postgres:s3cret@")
     with pytest.raises(SchemaVersionError) as caught:

@@ -21,6 +21,13 @@ from tieredstore.runtime import open_runtime
 from tieredstore.store import AsyncTieredMessageStore
 
 NOW = BASE_TIMESTAMP + 100 * HOUR_MS
+# Segments cut by size only (the rolling interval is longer than the data's span), so that retention
+# leaves commit-log bytes of expired records before the oldest one kept.
+SIZED_SEGMENTS = {
+    "commit_log_max_size": 4096,
+    "consume_queue_max_size": 200,
+    "commit_log_rolling_interval": 1000 * 3600,
+}
 
 
 def _stamp(n: int) -> int:
@@ -35,7 +42,7 @@ async def test_expired_segments_go_from_storage_then_metadata_and_min_offsets_mo
     config = make_config(
         tmp_path,
         metadata_url=migrated_metadata_url,
-        segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
+        segments=SIZED_SEGMENTS,
         index={"index_max_items": 30, "index_slot_count": 16},
     )
     async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
@@ -122,7 +129,7 @@ async def test_a_reader_at_the_oldest_record_after_retention_is_served_what_the_
     config = make_config(
         tmp_path,
         metadata_url=migrated_metadata_url,
-        segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
+        segments=SIZED_SEGMENTS,
     )
     async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         runtime = store.runtime
@@ -146,7 +153,7 @@ async def test_a_restore_after_retention_starts_at_the_oldest_record_the_consume
     config = make_config(
         tmp_path,
         metadata_url=migrated_metadata_url,
-        segments={"commit_log_max_size": 4096, "consume_queue_max_size": 200},
+        segments=SIZED_SEGMENTS,
     )
     async with AsyncTieredMessageStore.open(config, hot=False, owns_cold=True) as store:
         runtime = store.runtime

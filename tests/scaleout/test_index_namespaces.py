@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from tests.read.helpers import make_config
 from tieredstore.cli.common import open_read_node
 from tieredstore.cli.verify import verify_archive
 from tieredstore.config import TieredStoreConfig
-from tieredstore.dispatcher import Dispatcher
+from tieredstore.dispatcher import Dispatcher, wall_clock_ms
 from tieredstore.errors import IntegrityError
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index import IndexFileStatus, IndexHit
@@ -70,12 +70,28 @@ def _produce(hot: LocalMessageStore, first: int, count: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _archiver(runtime: Runtime, owner: str) -> AsyncIterator[Dispatcher]:
+async def _two_nodes(tmp_path: Path, metadata_url: str) -> AsyncIterator[tuple[LocalMessageStore, Runtime, Runtime]]:
+    """The hot store's writer (20 messages in each queue) and two archiver nodes following it, each with a namespace."""
+    config = _config(tmp_path, metadata_url)
+    upgrade(config.effective_metadata_url)
+    with open_hot_store(config) as producer:
+        _produce(producer, 0, 20)
+        async with (
+            open_runtime(config, hot_mode="follower", shared_index=True) as a,
+            open_runtime(config, hot_mode="follower", shared_index=True) as b,
+        ):
+            yield producer, a, b
+
+
+@contextlib.asynccontextmanager
+async def _archiver(
+    runtime: Runtime, owner: str, *, clock_ms: Callable[[], int] = wall_clock_ms
+) -> AsyncIterator[Dispatcher]:
     config = runtime.config.archiver
     leases = LeaseManager(
         runtime.metadata, owner=owner, lease_duration=config.lease_duration, renew_interval=config.lease_renew_interval
     )
-    dispatcher = Dispatcher.from_runtime(runtime, leases=leases)
+    dispatcher = Dispatcher.from_runtime(runtime, leases=leases, clock_ms=clock_ms)
     await dispatcher.start()
     try:
         yield dispatcher
@@ -97,68 +113,62 @@ async def _query(runtime: Runtime, key: str, max_count: int = 10) -> list[IndexH
 async def test_lease_archivers_index_in_namespaces_readers_merge_and_a_gone_archivers_files_are_swept(
     tmp_path: Path, metadata_url: str
 ) -> None:
-    config = _config(tmp_path, metadata_url)
-    upgrade(config.effective_metadata_url)
-    with open_hot_store(config) as producer:
-        _produce(producer, 0, 20)
-        async with (
-            open_runtime(config, hot_mode="follower", shared_index=True) as a,
-            open_runtime(config, hot_mode="follower", shared_index=True) as b,
-        ):
-            assert a.index.namespace != b.index.namespace and a.index.namespace.endswith("-1")
-            async with _archiver(a, "a") as dispatcher:
-                assert (await dispatcher.run_once()).stats.messages == QUEUES * 20
-            # A stops (its leases released, its index file left local and unsealed, its slot free).
-            await a.index.close()
-            a_namespace = a.index.namespace
-            assert a.keys.claim is not None
-            a.keys.claim.release()
-            a_directory = config.data_dir / "index" / a_namespace
-            assert list(a_directory.glob("*.index"))
-            _produce(producer, 20, 20)
-            async with _archiver(b, "b") as dispatcher:
-                assert (await dispatcher.run_once()).stats.messages == QUEUES * 20
-            # B's maintenance found A's namespace unheld: A's items went to cold storage.
-            assert not list(a_directory.glob("*.index")) and not list(a_directory.glob("*.compacted"))
-            rows = [r for r in b.metadata.list_index_files() if f"/{a_namespace}/" in r.name]
-            assert rows and {r.status for r in rows} == {RowStatus.UPLOAD}
-            # B's own namespace is still being filled; it is B's, so nothing swept it.
-            assert {r.status for r in b.index.files()} == {IndexFileStatus.UNSEALED}
+    async with _two_nodes(tmp_path, metadata_url) as (producer, a, b):
+        config = a.config
+        assert a.index.namespace != b.index.namespace and a.index.namespace.endswith("-1")
+        async with _archiver(a, "a") as dispatcher:
+            assert (await dispatcher.run_once()).stats.messages == QUEUES * 20
+        # A stops (its leases released, its index file left local and unsealed, its slot free).
+        await a.index.close()
+        a_namespace = a.index.namespace
+        assert a.keys.claim is not None
+        a.keys.claim.release()
+        a_directory = config.data_dir / "index" / a_namespace
+        assert list(a_directory.glob("*.index"))
+        _produce(producer, 20, 20)
+        async with _archiver(b, "b") as dispatcher:
+            assert (await dispatcher.run_once()).stats.messages == QUEUES * 20
+        # B's maintenance found A's namespace unheld: A's items went to cold storage.
+        assert not list(a_directory.glob("*.index")) and not list(a_directory.glob("*.compacted"))
+        rows = [r for r in b.metadata.list_index_files() if f"/{a_namespace}/" in r.name]
+        assert rows and {r.status for r in rows} == {RowStatus.UPLOAD}
+        # B's own namespace is still being filled; it is B's, so nothing swept it.
+        assert {r.status for r in b.index.files()} == {IndexFileStatus.UNSEALED}
 
-            async with open_runtime(config, hot_mode="follower", cold_owner=False) as reader:
-                # One message per key, from whichever archiver indexed it.
-                for queue_id, n in ((0, 3), (3, 19), (1, 20), (2, 39)):
-                    hits = await _query(reader, f"order-{queue_id}-{n}")
-                    assert [(h.queue_id, h.queue_offset) for h in hits] == [(queue_id, n)]
-                # A key in both namespaces: the newest messages first, each once.
-                newest = await _query(reader, "every", max_count=6)
-                assert len(newest) == 6 and all(h.queue_offset >= 20 for h in newest)
-                assert len({(h.queue_id, h.queue_offset) for h in await _query(reader, "every", 500)}) == 160
+        async with open_runtime(config, hot_mode="follower", cold_owner=False) as reader:
+            # One message per key, from whichever archiver indexed it.
+            for queue_id, n in ((0, 3), (3, 19), (1, 20), (2, 39)):
+                hits = await _query(reader, f"order-{queue_id}-{n}")
+                assert [(h.queue_id, h.queue_offset) for h in hits] == [(queue_id, n)]
+            # A key in both namespaces: the newest messages first, each once.
+            newest = await _query(reader, "every", max_count=6)
+            assert len(newest) == 6 and all(h.queue_offset >= 20 for h in newest)
+            assert len({(h.queue_id, h.queue_offset) for h in await _query(reader, "every", 500)}) == 160
 
-                # Readers elsewhere (no local files at all) still find A's keys, now from cold storage.
-                for path in a_directory.iterdir():
-                    path.unlink()
-                hits = await _query(reader, "order-2-11")
-                assert [(h.queue_id, h.queue_offset) for h in hits] == [(2, 11)]
+            # Readers elsewhere (no local files at all) still find A's keys, now from cold storage.
+            for path in a_directory.iterdir():
+                path.unlink()
+            hits = await _query(reader, "order-2-11")
+            assert [(h.queue_id, h.queue_offset) for h in hits] == [(2, 11)]
 
-                # verify checks every namespace's uploaded files against their objects.
-                async with open_read_node(config) as node:
-                    report = await verify_archive(node)
-                assert report.ok, report.problems
-                assert report.index_files == len(rows)
+            # verify checks every namespace's uploaded files against their objects.
+            async with open_read_node(config) as node:
+                report = await verify_archive(node)
+            assert report.ok, report.problems
+            assert report.index_files == len(rows)
 
-                # Retention (the CLI's, on the root namespace) removes every namespace's expired uploads,
-                # and leaves a file another archiver is still filling to that archiver.
-                a_ids = [int(r.name.rsplit("/", 1)[1]) for r in rows]
-                async with open_runtime(config, hot=False) as operator:
-                    assert sorted(await operator.keys.expired_files(1 << 62)) == sorted(a_ids)
-                    assert sorted(await operator.keys.delete_expired(1 << 62)) == sorted(a_ids)
-                    a_path = namespace_path(index_path(config.cluster, config.broker), a_namespace)
-                    assert await operator.provider.list_segments(a_path, FileType.INDEX) == []
-                left = [r.name for r in b.metadata.list_index_files()]
-                assert left and all(f"/{b.index.namespace}/" in name for name in left)
-                assert await _query(reader, "order-2-11") == []
-                assert [h.queue_offset for h in await _query(reader, "order-2-31")] == [31]
+            # Retention (the CLI's, on the root namespace) removes every namespace's expired uploads,
+            # and leaves a file another archiver is still filling to that archiver.
+            a_ids = [int(r.name.rsplit("/", 1)[1]) for r in rows]
+            async with open_runtime(config, hot=False) as operator:
+                assert sorted(await operator.keys.expired_files(1 << 62)) == sorted(a_ids)
+                assert sorted(await operator.keys.delete_expired(1 << 62)) == sorted(a_ids)
+                a_path = namespace_path(index_path(config.cluster, config.broker), a_namespace)
+                assert await operator.provider.list_segments(a_path, FileType.INDEX) == []
+            left = [r.name for r in b.metadata.list_index_files()]
+            assert left and all(f"/{b.index.namespace}/" in name for name in left)
+            assert await _query(reader, "order-2-11") == []
+            assert [h.queue_offset for h in await _query(reader, "order-2-31")] == [31]
 
 
 async def test_an_archiver_taking_a_queue_over_indexes_what_its_predecessor_committed_but_did_not_record(

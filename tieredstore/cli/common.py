@@ -206,6 +206,20 @@ def parse_time(text: str, *, now: int | None = None) -> int:
     return int(parsed.timestamp() * 1000)
 
 
+_DURATION = re.compile(r"^(\d+)([smhd]?)$")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from ``30s``, ``15m``, ``72h`` or ``7d``; a bare number is hours. ValidationError below 1 s."""
+    match = _DURATION.match(text.strip().lower())
+    seconds = int(match.group(1)) * _UNIT_MS[match.group(2) or "h"] // 1000 if match else 0
+    if seconds < 1:
+        raise ValidationError(
+            f"{text!r} is not a duration: use a positive whole number of s, m, h or d (30s, 15m, 72h, 7d)"
+        )
+    return seconds
+
+
 def iso(timestamp_ms: int | None) -> str | None:
     """A millisecond timestamp as ISO-8601 UTC for people; None stays None."""
     if timestamp_ms is None:

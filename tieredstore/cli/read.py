@@ -38,7 +38,7 @@ from tieredstore.cli.common import (
     run,
     segment_rows,
 )
-from tieredstore.errors import NotFoundError, ValidationError
+from tieredstore.errors import NotFoundError, SegmentNotFoundError, ValidationError
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.message import MessageRecord
@@ -143,7 +143,7 @@ class QueueReader:
                     lost = (lost[0] if lost is not None else offset, resume)
                     offset = resume
                     continue
-                raws = await read_archived(self.cold, offset, min(want, cold_high - offset))
+                raws = await self._read_cold(offset, min(want, cold_high - offset), tier)
                 source = "cold"
             else:
                 break
@@ -155,6 +155,23 @@ class QueueReader:
                 lost = None
                 offset += 1
         return ReadBatch(out, offset if lost is None else lost[0])
+
+    async def _read_cold(self, offset: int, count: int, tier: TierChoice) -> list[bytes]:
+        """``read_archived``; where the archiver's retention removed a segment since the view was loaded, the
+        view is loaded again, and an offset below its new min offset is NotFoundError naming that."""
+        assert self.cold is not None
+        try:
+            return await read_archived(self.cold, offset, count)
+        except SegmentNotFoundError:
+            await self.cold.refresh()
+            self.cold_range = archived_range(self.cold)
+            low, _ = self.bounds(tier)
+            if offset < low:
+                raise NotFoundError(
+                    f"offset {offset} of {self.topic}/{self.queue_id} is below the min offset {low} ({tier}): "
+                    "retention removed it"
+                ) from None
+            raise
 
     def _read_hot(self, offset: int, count: int) -> list[bytes]:
         assert self.node.hot is not None

@@ -434,6 +434,7 @@ def run(
 ) -> None:
     """Archive the hot store to cold storage until stopped (SIGTERM/SIGINT), showing progress on stderr.
 
+    Every [archiver] maintain_interval seconds it also applies hot and cold retention (--once does not).
     Examples: tieredstore run --demo · tieredstore run --once · tieredstore run --metrics-port 9100
     """
     cli = state(ctx)

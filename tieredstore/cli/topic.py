@@ -11,18 +11,18 @@ from typing import Annotated, Any
 import typer
 
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, run, segment_rows
+from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, parse_duration, run, segment_rows
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ArchiverRunningError, ValidationError
 from tieredstore.leases import SingleArchiverLock
 from tieredstore.metadata import MetadataStore, TopicStatus
 from tieredstore.retention import (
-    HOUR_MS,
     QueueRetention,
     RetentionReport,
     apply_retention,
     index_cutoff,
     plan_queue,
+    retention_ms,
 )
 from tieredstore.runtime import open_runtime
 
@@ -34,18 +34,23 @@ app.add_typer(topic_app, name="topic")
 def set_retention(
     ctx: typer.Context,
     topic: Annotated[str, typer.Argument(metavar="TOPIC", help="The topic.")],
-    hours: Annotated[int, typer.Argument(metavar="HOURS", min=1, help="Keep cold data this many hours.")],
+    duration: Annotated[
+        str,
+        typer.Argument(metavar="DURATION", help="Keep cold data this long: 30s, 15m, 72h, 7d; a bare number is hours."),
+    ],
 ) -> None:
-    """Keep the topic's cold data for HOURS hours; `tieredstore retention` (or the archiver) applies it.
+    """Keep the topic's cold data for DURATION; the running archiver applies it on its next maintenance pass.
 
-    Example: tieredstore topic set-retention Orders 168
+    Data goes at most DURATION plus [segments] commit_log_rolling_interval after it was stored.
+    Example: tieredstore topic set-retention Orders 7d
     """
     cli = state(ctx)
     checked_topic(topic)
+    seconds = parse_duration(duration)
 
     async def go() -> dict[str, Any]:
         async with open_read_node(cli.config) as node:
-            info = await asyncio.to_thread(node.metadata.set_retention, topic, hours)
+            info = await asyncio.to_thread(node.metadata.set_retention, topic, seconds / 3600)
             return {"topic": info.name, "reserve_hours": info.reserve_hours, "status": info.status.value}
 
     cli.output.record("retention", run(go()))
@@ -128,7 +133,7 @@ async def plan_retention(cli_config: Any, *, now_ms: int | None = None) -> Reten
                 continue
             path = node.flat.queue_path(position.topic, position.queue_id)
             flat_file = archived_queue(node.flat, position, await asyncio.to_thread(segment_rows, node.metadata, path))
-            plan: QueueRetention = await plan_queue(flat_file, now - int(info.reserve_hours * HOUR_MS))
+            plan: QueueRetention = await plan_queue(flat_file, now - retention_ms(info), now_ms=now)
             if plan.segments:
                 report.queues.append(plan)
         cutoff = index_cutoff(now, cli_config.default_reserve_hours, topics.values())
@@ -143,9 +148,12 @@ def retention(
     ctx: typer.Context,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would be deleted.")] = False,
 ) -> None:
-    """Delete cold segments older than their topic's retention now, printing each one.
+    """Delete cold segments older than their topic's retention now, printing each one, and expired index files.
 
-    Run it while `tieredstore run` is stopped (the archiver applies retention itself when running).
+    The running archiver (`tieredstore run`) does this itself on every maintenance pass
+    ([archiver] maintain_interval); this command is for an on-demand pass while no archiver runs, and
+    refuses to run beside one. Like the archiver, it first rolls segments older than
+    [segments] commit_log_rolling_interval, so a quiet queue's data expires too.
     Example: tieredstore retention --dry-run
     """
     cli = state(ctx)
@@ -159,7 +167,9 @@ def retention(
     if dry_run:
         report = run(go())
     else:
-        with _no_archiver_running(cli.config, "applying retention (it applies retention itself)"):
+        with _no_archiver_running(
+            cli.config, "applying retention (a running archiver applies it on its maintenance pass)"
+        ):
             report = run(go())
     rows = _rows(report)
     if cli.output.is_json:

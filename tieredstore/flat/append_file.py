@@ -37,6 +37,7 @@ from tieredstore.providers.base import DEFAULT_MAX_SIZE, AppendResult, FileSegme
 
 Clock = Callable[[], int]
 RECOVERABLE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED, SegmentStatus.DELETING)
+DEFAULT_ROLLING_INTERVAL_MS = 24 * 3600 * 1000
 
 
 def wall_clock_ms() -> int:
@@ -65,6 +66,7 @@ class FlatAppendFile:
         max_segment_size: int | None = None,
         initial_offset: int = 0,
         commit_before: FlatAppendFile | None = None,
+        rolling_interval_ms: int | None = None,
         clock: Clock = wall_clock_ms,
         queue: QueueKey | None = None,
     ) -> None:
@@ -76,6 +78,9 @@ class FlatAppendFile:
         self.queue = queue
         self.max_segment_size = max_segment_size
         self.commit_before = commit_before
+        # The open segment is sealed once its oldest data is this old (None: by size only), so that
+        # retention, which never removes a file's last segment, can remove what it holds.
+        self.rolling_interval_ms = rolling_interval_ms
         self.clock = clock
         self.segments: list[FileSegment] = []
         self._initial_offset = initial_offset
@@ -265,6 +270,29 @@ class FlatAppendFile:
             await self.roll(timestamp)
         if self.segments[-1].buffers_full:
             await self.commit()
+
+    def should_roll_by_time(self, now_ms: int) -> bool:
+        """The open segment holds data and began at least the rolling interval before ``now_ms``, whatever its size.
+
+        An empty open segment never rolls: a roll seals a segment, and a sealed empty one could not be
+        written again nor rolled (see ``roll``).
+        """
+        if not self.segments or self.rolling_interval_ms is None:
+            return False
+        last = self.segments[-1]
+        return (
+            not last.is_closed
+            and last.append_position > 0
+            and last.min_timestamp is not None
+            and now_ms - last.min_timestamp >= self.rolling_interval_ms
+        )
+
+    async def try_rolling(self, now_ms: int | None = None) -> bool:
+        """Roll to a new segment if ``should_roll_by_time``; returns whether it did."""
+        if not self.should_roll_by_time(self.clock() if now_ms is None else now_ms):
+            return False
+        await self.roll()
+        return True
 
     async def roll(self, timestamp: int | None = None) -> None:
         """Commit and seal the last segment, then start a new one at the commit offset."""

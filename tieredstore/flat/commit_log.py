@@ -1,4 +1,4 @@
-"""FlatCommitLogFile: a queue's cold commit log, rolled by size and, past a minimum size, by age.
+"""FlatCommitLogFile: a queue's cold commit log, rolled by size and by age (see ``FlatAppendFile.try_rolling``).
 
 Records are packed back to back (no blank filler in the cold tier); a record's PHYSICALOFFSET is its
 offset in this file. The first queue offset of each segment is read from its first record once and
@@ -11,14 +11,12 @@ import bisect
 import struct
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
-from tieredstore.flat.append_file import Clock, FlatAppendFile, wall_clock_ms
+from tieredstore.flat.append_file import DEFAULT_ROLLING_INTERVAL_MS, Clock, FlatAppendFile, wall_clock_ms
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, QueueKey
 from tieredstore.providers.base import FileSegment, Provider
 
-DEFAULT_ROLLING_INTERVAL_MS = 24 * 3600 * 1000
-DEFAULT_ROLLING_MIN_SIZE = 16 << 20
 RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # enough for any header field up to STORETIMESTAMP (IPv6 hosts)
 
 
@@ -32,37 +30,21 @@ class FlatCommitLogFile(FlatAppendFile):
         path: str,
         *,
         max_segment_size: int | None = None,
-        rolling_interval_ms: int = DEFAULT_ROLLING_INTERVAL_MS,
-        rolling_min_size: int = DEFAULT_ROLLING_MIN_SIZE,
+        rolling_interval_ms: int | None = DEFAULT_ROLLING_INTERVAL_MS,
         clock: Clock = wall_clock_ms,
         queue: QueueKey | None = None,
     ) -> None:
         super().__init__(
-            provider, metadata, path, FileType.COMMIT_LOG, max_segment_size=max_segment_size, clock=clock, queue=queue
+            provider,
+            metadata,
+            path,
+            FileType.COMMIT_LOG,
+            max_segment_size=max_segment_size,
+            rolling_interval_ms=rolling_interval_ms,
+            clock=clock,
+            queue=queue,
         )
-        self.rolling_interval_ms = rolling_interval_ms
-        self.rolling_min_size = rolling_min_size
         self._first_queue_offsets: dict[int, int] = {}
-
-    def should_roll_by_time(self, now_ms: int) -> bool:
-        """The last segment is at least the minimum size and began longer than the interval ago."""
-        if not self.segments:
-            return False
-        last = self.segments[-1]
-        return (
-            not last.is_closed
-            and last.append_position > 0
-            and last.append_position >= self.rolling_min_size
-            and last.min_timestamp is not None
-            and now_ms - last.min_timestamp >= self.rolling_interval_ms
-        )
-
-    async def try_rolling(self, now_ms: int | None = None) -> bool:
-        """Roll to a new segment if ``should_roll_by_time``; returns whether it did."""
-        if not self.should_roll_by_time(self.clock() if now_ms is None else now_ms):
-            return False
-        await self.roll()
-        return True
 
     async def record_head(self, offset: int) -> bytes:
         """The first bytes of the record at ``offset`` (enough for every fixed header field)."""

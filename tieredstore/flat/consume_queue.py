@@ -68,6 +68,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
         commit_log: FlatAppendFile | None = None,
         max_segment_size: int | None = None,
         initial_queue_offset: int = 0,
+        rolling_interval_ms: int | None = None,
         clock: Clock = wall_clock_ms,
         queue: QueueKey | None = None,
     ) -> None:
@@ -83,6 +84,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
             max_segment_size=max_segment_size,
             initial_offset=initial_queue_offset * UNIT_SIZE,
             commit_before=commit_log,
+            rolling_interval_ms=rolling_interval_ms,
             clock=clock,
             queue=queue,
         )

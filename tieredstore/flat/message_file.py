@@ -77,12 +77,12 @@ async def read_view_rows(
 
 @dataclass(frozen=True, slots=True)
 class FlatFileSettings:
-    """Segment sizes, commit-log rolling and recovery concurrency (the ``[segments]`` config section)."""
+    """Segment sizes, rolling by time and recovery concurrency (the ``[segments]`` config section)."""
 
     commit_log_max_size: int = GIB
     consume_queue_max_size: int = 100 * MIB
-    commit_log_rolling_interval: float = 24 * 3600.0  # seconds
-    commit_log_rolling_min_size: int = 16 * MIB
+    # Seconds after which both files' open segments roll, whatever their size (retention's bound).
+    commit_log_rolling_interval: float = 24 * 3600.0
     recovery_concurrency: int = 64
 
 
@@ -174,6 +174,7 @@ class FlatMessageFile:
         clock: Clock = wall_clock_ms,
     ) -> None:
         settings = settings or FlatFileSettings()
+        rolling_interval_ms = int(settings.commit_log_rolling_interval * 1000)
         self.topic = position.topic
         self.queue_id = position.queue_id
         self.path = path
@@ -184,8 +185,7 @@ class FlatMessageFile:
             metadata,
             path,
             max_segment_size=settings.commit_log_max_size,
-            rolling_interval_ms=int(settings.commit_log_rolling_interval * 1000),
-            rolling_min_size=settings.commit_log_rolling_min_size,
+            rolling_interval_ms=rolling_interval_ms,
             clock=clock,
             queue=(self.topic, self.queue_id),
         )
@@ -196,6 +196,7 @@ class FlatMessageFile:
             commit_log=self.commit_log,
             max_segment_size=settings.consume_queue_max_size,
             initial_queue_offset=position.max_offset,
+            rolling_interval_ms=rolling_interval_ms,
             clock=clock,
             queue=(self.topic, self.queue_id),
         )
@@ -355,8 +356,8 @@ class FlatMessageFile:
             )
         # The consume queue rolls or commits first if it must: were that to fail after the record was
         # buffered, the commit log would hold a record no unit points at, and its retry a second copy.
+        await self._roll_by_time(store_timestamp)
         await self.consume_queue.prepare_append(UNIT_SIZE, store_timestamp)
-        await self.commit_log.try_rolling(self.clock())
         physical_offset = self.commit_log.append_offset
         landed = await self.commit_log.append(rewrite_physical_offset(record, physical_offset), store_timestamp)
         if landed != physical_offset:
@@ -412,8 +413,8 @@ class FlatMessageFile:
             raise ValidationError(
                 f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {first_offset}"
             )
-        await self.commit_log.try_rolling(self.clock())
         timestamps = np.asarray(run.store_timestamps, dtype=np.int64)
+        await self._roll_by_time(int(timestamps[0]))
         tags = np.asarray(run.tag_hashes, dtype=np.int64)
         first_physical = self.commit_log.append_offset
         start = 0
@@ -518,6 +519,27 @@ class FlatMessageFile:
             nothing_archived = self.archived_offset == self.min_offset and not self.consume_queue.segments
             await self._record_positions(min_offset=queue_offset if nothing_archived else None)
             return self.archived_offset
+
+    async def roll_if_due(self, now_ms: int | None = None) -> bool:
+        """Roll both files whose open segment began a rolling interval ago, also when no message arrives.
+
+        For a quiet queue's maintenance pass: retention never removes a file's last segment, so data
+        in a segment that never rolled would outlive its retention. Nothing is done while a batch is
+        buffered (its commit comes first); an empty open segment is never sealed, and the next message
+        goes to the new segment. Returns whether either file rolled.
+        """
+        self._require_writable("roll segments")
+        async with self._commit_lock:
+            if self.has_pending:
+                return False
+            return await self._roll_by_time(self.clock() if now_ms is None else now_ms)
+
+    async def _roll_by_time(self, now_ms: int) -> bool:
+        """Roll both files if due at ``now_ms``: the clock on a maintenance pass, the store time of the
+        next message when one is appended (so a backlog of old messages is cut by store time, not
+        into a segment per batch because the clock says its first message is old)."""
+        rolled = await self.consume_queue.try_rolling(now_ms)
+        return await self.commit_log.try_rolling(now_ms) or rolled
 
     def _require_writable(self, action: str) -> None:
         if self.read_only:

@@ -190,8 +190,15 @@ class KeyIndex:
             expired += await reader.expired_files(before_timestamp, uploaded_only=True)
         return expired
 
-    async def delete_expired(self, before_timestamp: int) -> list[int]:
-        """Our own expired files, and the expired uploaded files of every other namespace; returns their ids."""
+    async def delete_expired(self, before_timestamp: int, *, every_namespace: bool = True) -> list[int]:
+        """Our own expired files, and the expired uploaded files of every other namespace; returns their ids.
+
+        Archivers sharing queues by lease each run retention, and each file must go once: one of them
+        deletes as above, every other one (``every_namespace=False``) only its own files that are not
+        uploaded yet, which no other process can reach.
+        """
+        if not every_namespace:
+            return await self.own.delete_expired(before_timestamp, local_only=True)
         removed = await self.own.delete_expired(before_timestamp)
         for reader in await self._others():
             removed += await reader.delete_expired(before_timestamp, uploaded_only=True)

@@ -547,14 +547,18 @@ class IndexService:
             await asyncio.to_thread(self._reload_catalogue)
         return [record.file_id for record in self._expired(before_timestamp, uploaded_only=uploaded_only)]
 
-    async def delete_expired(self, before_timestamp: int, *, uploaded_only: bool = False) -> list[int]:
+    async def delete_expired(
+        self, before_timestamp: int, *, uploaded_only: bool = False, local_only: bool = False
+    ) -> list[int]:
         """Delete every index file whose newest item is older than ``before_timestamp``; returns their ids.
 
         Cold bytes go first, then local files, then the record, so an interrupted deletion is finished
         by the next call instead of leaving a record that points at nothing. ``uploaded_only`` is
         retention of a namespace whose archiver runs elsewhere, or is gone, and is allowed read-only:
         its uploaded files are immutable, so deleting them cannot race a write, and its local files
-        are left to their owner.
+        are left to their owner. ``local_only`` is the converse, for an owner whose uploaded files
+        another archiver deletes (``KeyIndex.delete_expired``): it stops answering from them, and
+        returns only the ids it deleted itself.
         """
         if not uploaded_only:
             self._refuse_if_read_only("delete index files")
@@ -564,6 +568,9 @@ class IndexService:
         removed = []
         async with self._maintain_lock, self._write_lock:
             for record in self._expired(before_timestamp, uploaded_only=uploaded_only):
+                if local_only and record.status is IndexFileStatus.UPLOAD:
+                    self._records.pop(record.file_id, None)
+                    continue
                 current = self._current
                 if current is not None and current.file_id == record.file_id:
                     current.close()
