@@ -15,6 +15,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tieredstore.formats.checksum import crc32
 from tieredstore.local.mapped_file import fsync_directory
@@ -22,6 +23,7 @@ from tieredstore.local.mapped_file import fsync_directory
 CHECKPOINT_FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqqqq")
 _CRC = struct.Struct(">I")
+CheckpointSource = Literal["tieredstore", "rocketmq", "missing", "unrecognised"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,8 @@ class FlushedBound:
     """What a writer's checkpoint file says is flushed, as a follower reads it.
 
     A record is flushed when it ends at or below ``offset``, or when its store timestamp is at or
-    before ``stored_until`` (ms; 0 when the checkpoint gives no time). ``source`` says which checkpoint
+    before ``stored_until`` (ms; 0 when the checkpoint gives no time; for a broker, its
+    physicMsgTimestamp less ``CLOCK_STEP_MARGIN_MS``). ``source`` says which checkpoint
     the bound comes from: ``tieredstore`` (ours: ``offset`` is its confirmed offset), ``rocketmq`` (a
     broker's own, without our CRC), ``missing`` (no file: nothing is flushed yet) or ``unrecognised``
     (too short to be either: nothing is known to be flushed).
@@ -94,10 +97,12 @@ class FlushedBound:
     last record the flush covered, and its abnormal recovery trusts every record older than that
     (less the clock margin). It writes confirmPhyOffset at every start, as the end its recovery found,
     and moves it while running only in controller or duplication mode; so that offset is a floor
-    that may stay put for the broker's whole life, never the only bound.
+    that may stay put for the broker's whole life, never the only bound. The file does not say
+    which mode a broker runs in, so under controller mode a record flushed on this broker but not
+    yet acknowledged by its sync-state set counts as flushed, though a failover may truncate it.
     """
 
-    source: str
+    source: CheckpointSource
     offset: int = 0
     stored_until: int = 0
 
@@ -108,6 +113,7 @@ class FlushedBound:
 
     @classmethod
     def read(cls, path: Path) -> FlushedBound:
+        """The bound the checkpoint at ``path`` gives: ours when our CRC checks out, else a broker's."""
         try:
             raw = path.read_bytes()
         except FileNotFoundError:

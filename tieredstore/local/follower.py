@@ -68,7 +68,7 @@ from tieredstore.local.batch import (
     tag_hash_of,
     units_from,
 )
-from tieredstore.local.checkpoint import FlushedBound
+from tieredstore.local.checkpoint import CheckpointSource, FlushedBound
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.durable import DurableEnd
 from tieredstore.local.flusher import FlushStats
@@ -418,7 +418,7 @@ class HotStoreFollower(LocalMessageStore):
         self._listed_at = -1.0
         # What the writer's checkpoint says is flushed. Read again at every listing.
         self._flushed = FlushedBound("missing")
-        self._flushed_said: tuple[str, bool] | None = None  # (source, known) the log last said
+        self._flushed_said: tuple[CheckpointSource, bool] | None = None  # (source, known) the log last said
         self.recovery = RecoveryReport(clean=True, scanned_from=0, valid_end=0)
         with self._lock:
             self._refresh(time.monotonic())
