@@ -8,6 +8,7 @@ Opened ``read_only`` it reads a RocketMQ broker's store directory without writin
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import itertools
@@ -360,8 +361,13 @@ class LocalMessageStore:
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
+            # A RocketMQ broker locks the first byte with a POSIX record lock (Java's FileChannel.tryLock),
+            # which flock does not see: taking that too keeps a broker and this writer out of each other's store.
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as exc:
             os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
             raise StoreLockedError(f"{self.root} is already open by another writer (its lock file is held)") from exc
         self._lock_fd = fd
 
