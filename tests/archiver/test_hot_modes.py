@@ -196,3 +196,18 @@ def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(tmp_path: Pat
         assert broker.stdin is not None
         broker.stdin.close()
         broker.wait()
+
+
+def test_a_broker_started_on_the_store_our_writer_holds_is_refused(tmp_path: Path) -> None:
+    config = load_config(data_dir=tmp_path / "data")
+    with open_hot_store(config, mode="writer") as hot:
+        hot.put_message("Orders", 0, b"ours")
+        broker = subprocess.run(
+            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
+            input="",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker's tryLock finds the store taken"
+    assert "BlockingIOError" in broker.stderr or "PermissionError" in broker.stderr
