@@ -19,7 +19,7 @@ from tests.archiver.processes import child_env, run_tieredstore, start_tieredsto
 from tests.local.conftest import store_at_times, write_rocketmq_checkpoint
 from tieredstore.config import ReadPolicy, load_config
 from tieredstore.errors import StoreLockedError, TieredStoreError
-from tieredstore.local import HotStoreFollower
+from tieredstore.local import HotStoreFollower, writer_lock_held
 from tieredstore.local.checkpoint import CLOCK_STEP_MARGIN_MS
 from tieredstore.metadata import MetadataStore
 from tieredstore.runtime import open_hot_store
@@ -211,3 +211,23 @@ def test_a_broker_started_on_the_store_our_writer_holds_is_refused(tmp_path: Pat
         )
     assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker's tryLock finds the store taken"
     assert "BlockingIOError" in broker.stderr or "PermissionError" in broker.stderr
+
+
+def test_the_writers_broker_lock_outlives_other_descriptors_of_its_lock_file_in_the_same_process(
+    tmp_path: Path,
+) -> None:
+    config = load_config(data_dir=tmp_path / "data")
+    with open_hot_store(config, mode="writer") as hot:
+        hot.put_message("Orders", 0, b"ours")
+        # Each of these opens and closes the lock file in this process: a classic POSIX lock would be gone after.
+        assert writer_lock_held(config.hot_dir)
+        with pytest.raises(StoreLockedError):
+            open_hot_store(config, mode="writer")
+        broker = subprocess.run(
+            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
+            input="",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker still finds the store taken"

@@ -31,8 +31,6 @@ confirmed offset). A missing checkpoint means nothing is known to be flushed yet
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import mmap
 import os
 import struct
@@ -98,39 +96,6 @@ _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 DEFAULT_REFRESH_INTERVAL = 0.2
 # A queue's check of new units unmaps the pages behind it each time it has moved this far (see _grow).
 GROW_RELEASE_BYTES = 8 << 20
-
-
-def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
-    """Whether a process holds the hot store's writer lock now; creates nothing (a missing lock file is free).
-
-    The lock is ours (flock on the whole file) or a RocketMQ broker's: Java's FileChannel.tryLock takes a
-    POSIX record lock on the file's first byte, which flock does not see on Linux.
-    """
-    try:
-        fd = os.open(Path(data_dir) / "lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        if not _free(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)):
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        if not _free(lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)):
-            return True
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _free(take: Callable[[], object]) -> bool:
-    """Whether ``take`` got its lock (False when another process holds a conflicting one)."""
-    try:
-        take()
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
 
 
 class _Mapping:

@@ -8,8 +8,6 @@ Opened ``read_only`` it reads a RocketMQ broker's store directory without writin
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import functools
 import itertools
 import os
@@ -35,7 +33,6 @@ from tieredstore.errors import (
     MessageTooLargeError,
     NotFoundError,
     StoreFullError,
-    StoreLockedError,
     ValidationError,
 )
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
@@ -70,6 +67,7 @@ from tieredstore.local.commit_log import CommitLog, ScanStop
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import Flusher, FlushStats
 from tieredstore.local.queue import ConsumeQueue
+from tieredstore.local.store_lock import take_writer_lock
 
 log = structlog.get_logger(__name__)
 
@@ -358,18 +356,7 @@ class LocalMessageStore:
     # ----------------------------------------------------------------- open, recovery, close
 
     def _take_lock(self) -> None:
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # A RocketMQ broker locks the first byte with a POSIX record lock (Java's FileChannel.tryLock),
-            # which flock does not see: taking that too keeps a broker and this writer out of each other's store.
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise StoreLockedError(f"{self.root} is already open by another writer (its lock file is held)") from exc
-        self._lock_fd = fd
+        self._lock_fd = take_writer_lock(self.root)
 
     def _release(self) -> None:
         for queue in self._queues.values():
