@@ -23,8 +23,9 @@ from tieredstore.index.catalogue import MetadataIndexCatalogue
 from tieredstore.index.namespaces import KeyIndex, NamespaceClaim, claim_namespace
 from tieredstore.index.service import namespace_path
 from tieredstore.local.config import LocalStoreConfig
-from tieredstore.local.follower import HotStoreFollower, writer_lock_held
+from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.store_lock import writer_lock_held
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import Provider

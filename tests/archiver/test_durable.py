@@ -15,13 +15,13 @@ import pytest
 
 from tests.archiver.helpers import Archive
 from tests.fixtures.backends import ProviderBackend
-from tests.local.conftest import abandon
+from tests.local.conftest import abandon, small_config, store_at_times, write_rocketmq_checkpoint
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import decode
 from tieredstore.local import HotStoreFollower, LocalMessageStore, LocalStoreConfig
-from tieredstore.local.checkpoint import Checkpoint
+from tieredstore.local.checkpoint import CLOCK_STEP_MARGIN_MS, Checkpoint
 from tieredstore.metadata import MetadataStore, upgrade
 
 TOPIC = "Orders"
@@ -195,3 +195,38 @@ async def test_a_follower_archives_only_what_the_writers_checkpoint_covers(
         for queue_id in QUEUES:
             expected = [body(g, queue_id, n) for g, count in (("first", 10), ("second", 7)) for n in range(count)]
             assert await cold_bodies(provider_factory, sqlite_url, queue_id) == expected
+
+
+@pytest.mark.parametrize("provider_factory", ["posix", "s3"], indirect=True)
+async def test_an_archiver_following_a_rocketmq_broker_takes_what_the_brokers_checkpoint_covers(
+    tmp_path: Path, provider_factory: ProviderBackend, migrated_url: str
+) -> None:
+    hot_dir = tmp_path / "hot"
+    started = 1_786_727_751_000
+    # A broker's appends, one a second, alternating between the queues: 10 messages each.
+    ends = store_at_times(hot_dir, TOPIC, [(n % 2, started + n * 1000) for n in range(20)])
+    # The broker last started when records 0..3 were on disk (its confirmPhyOffset) and has not flushed since.
+    write_rocketmq_checkpoint(hot_dir, confirm_phy_offset=ends[3])
+    follower = HotStoreFollower(hot_dir, config=small_config(), refresh_interval=0.0)
+    node = Node(tmp_path, follower, migrated_url, provider_factory)
+    dispatcher = await node.start()
+    try:
+        assert await dispatcher.scan() == 4
+        # Its flush time moves (records 0..13 flushed); its confirmPhyOffset stays where its start put it.
+        write_rocketmq_checkpoint(
+            hot_dir, physic_timestamp=started + 13_000 + CLOCK_STEP_MARGIN_MS, confirm_phy_offset=ends[3]
+        )
+        assert await dispatcher.scan() == 10
+        assert {(s.queue_id, s.archived_offset, s.lag) for s in dispatcher.status()} == {(0, 7, 3), (1, 7, 3)}
+        write_rocketmq_checkpoint(
+            hot_dir, physic_timestamp=started + 19_000 + CLOCK_STEP_MARGIN_MS, confirm_phy_offset=ends[3]
+        )
+        assert await dispatcher.scan() == 6
+        assert [s.lag for s in dispatcher.status()] == [0, 0]
+    finally:
+        follower.close()
+        await node.stop()
+    for queue_id in QUEUES:
+        assert await cold_bodies(provider_factory, migrated_url, queue_id) == [
+            f"{queue_id}:{n}".encode() for n in range(10)
+        ]

@@ -7,14 +7,22 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.archiver.processes import child_env, run_tieredstore, start_tieredstore
+from tests.local.conftest import store_at_times, write_rocketmq_checkpoint
 from tieredstore.config import ReadPolicy, load_config
-from tieredstore.errors import TieredStoreError
+from tieredstore.errors import StoreLockedError, TieredStoreError
+from tieredstore.local import HotStoreFollower, writer_lock_held
+from tieredstore.local.checkpoint import CLOCK_STEP_MARGIN_MS
 from tieredstore.metadata import MetadataStore
+from tieredstore.runtime import open_hot_store
 from tieredstore.store import AsyncTieredMessageStore
 
 SETTINGS: dict[str, Any] = {
@@ -148,3 +156,78 @@ async def _until(condition: Any, what: str) -> None:
             pass  # the file or database is not there yet
         await asyncio.sleep(0.1)
     raise AssertionError(f"not within {UNTIL_SECONDS}s: {what}")
+
+
+# What a RocketMQ broker does to its store's lock file while it runs: Java's FileChannel.tryLock(0, 1, false),
+# an exclusive POSIX record lock on the first byte.
+_LOCK_LIKE_A_BROKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(tmp_path: Path) -> None:
+    config = load_config(
+        data_dir=tmp_path / "data",
+        hot={"commit_log_file_size": 64 << 10, "max_message_size": 16 << 10, "consume_queue_units_per_file": 10},
+    )
+    stored = 1_786_727_751_000
+    store_at_times(config.hot_dir, "Orders", [(0, stored + n * 1000) for n in range(5)])
+    write_rocketmq_checkpoint(config.hot_dir, physic_timestamp=stored + 2000 + CLOCK_STEP_MARGIN_MS)
+    checkpoint = (config.hot_dir / "checkpoint").read_bytes()
+    broker = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert broker.stdout is not None and broker.stdout.readline() == "locked\n"
+        with open_hot_store(config, mode="auto") as hot:
+            assert isinstance(hot, HotStoreFollower), "the broker owns its store: the archiver only follows it"
+            assert hot.durable_max_offset("Orders", 0) == 3
+        with pytest.raises(StoreLockedError, match="already open by another writer"):
+            open_hot_store(config, mode="writer")
+        assert (config.hot_dir / "checkpoint").read_bytes() == checkpoint, "nothing written into the broker's store"
+    finally:
+        assert broker.stdin is not None
+        broker.stdin.close()
+        broker.wait()
+
+
+def test_a_broker_started_on_the_store_our_writer_holds_is_refused(tmp_path: Path) -> None:
+    config = load_config(data_dir=tmp_path / "data")
+    with open_hot_store(config, mode="writer") as hot:
+        hot.put_message("Orders", 0, b"ours")
+        broker = subprocess.run(
+            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
+            input="",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker's tryLock finds the store taken"
+    assert "BlockingIOError" in broker.stderr or "PermissionError" in broker.stderr
+
+
+def test_the_writers_broker_lock_outlives_other_descriptors_of_its_lock_file_in_the_same_process(
+    tmp_path: Path,
+) -> None:
+    config = load_config(data_dir=tmp_path / "data")
+    with open_hot_store(config, mode="writer") as hot:
+        hot.put_message("Orders", 0, b"ours")
+        # Each of these opens and closes the lock file in this process: a classic POSIX lock would be gone after.
+        assert writer_lock_held(config.hot_dir)
+        with pytest.raises(StoreLockedError):
+            open_hot_store(config, mode="writer")
+        broker = subprocess.run(
+            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
+            input="",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker still finds the store taken"

@@ -19,7 +19,8 @@ from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.message import decode
 from tieredstore.local import LocalMessageStore, PutRequest
 from tieredstore.local import follower as follower_module
-from tieredstore.local.follower import HotStoreFollower, writer_lock_held
+from tieredstore.local.follower import HotStoreFollower
+from tieredstore.local.store_lock import writer_lock_held
 
 from .conftest import abandon, mapped_rss, small_config
 

@@ -2,7 +2,7 @@
 
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
-from tieredstore.local.follower import HotStoreFollower, writer_lock_held
+from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store import (
     LocalMessageStore,
     PutRequest,
@@ -11,6 +11,7 @@ from tieredstore.local.store import (
     RetentionReport,
     StoredMessage,
 )
+from tieredstore.local.store_lock import writer_lock_held
 
 __all__ = [
     "FlushStats",

@@ -23,15 +23,14 @@ simply the end of the queue for now; the next call looks again.
 
 Durability: a follower reads the page cache, so it serves records the writer has written but not yet
 fsynced (under async flush, up to ``flush_interval`` of them). A machine crash can take those back,
-so the archiver takes only what ``durable_max_offset`` gives: the messages below the checkpoint the
-writer wrote at its last flush (re-read at every listing). A missing checkpoint, or one not of ours,
-means nothing is known to be flushed yet.
+so the archiver takes only what ``durable_max_offset`` gives: the messages the checkpoint the writer
+wrote at its last flush says are flushed (re-read at every listing). That is ours, or a RocketMQ
+broker's own (see ``FlushedBound``: its records stored before its flush timestamp, or below its
+confirmed offset). A missing checkpoint means nothing is known to be flushed yet.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import mmap
 import os
 import struct
@@ -67,7 +66,7 @@ from tieredstore.local.batch import (
     tag_hash_of,
     units_from,
 )
-from tieredstore.local.checkpoint import Checkpoint
+from tieredstore.local.checkpoint import CheckpointSource, FlushedBound
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.durable import DurableEnd
 from tieredstore.local.flusher import FlushStats
@@ -98,25 +97,6 @@ _TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 DEFAULT_REFRESH_INTERVAL = 0.2
 # A queue's check of new units unmaps the pages behind it each time it has moved this far (see _grow).
 GROW_RELEASE_BYTES = 8 << 20
-
-
-def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
-    """Whether a process holds the hot store's writer lock now; creates nothing (a missing lock file is free)."""
-    try:
-        fd = os.open(Path(data_dir) / "lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 class _Mapping:
@@ -422,8 +402,9 @@ class HotStoreFollower(LocalMessageStore):
         )
         self._followed: dict[tuple[str, int], _FollowedQueue] = {}
         self._listed_at = -1.0
-        # The writer's checkpoint: everything below it is flushed. Read again at every listing.
-        self._confirmed_offset = 0
+        # What the writer's checkpoint says is flushed. Read again at every listing.
+        self._flushed = FlushedBound("missing")
+        self._flushed_said: tuple[CheckpointSource, bool] | None = None  # (source, known) the log last said
         self.recovery = RecoveryReport(clean=True, scanned_from=0, valid_end=0)
         with self._lock:
             self._refresh(time.monotonic())
@@ -435,9 +416,11 @@ class HotStoreFollower(LocalMessageStore):
         """Relist the commit log and the queue directories (new queues; vanished files)."""
         self._listed_at = now
         self._log.refresh()
-        checkpoint = Checkpoint.read(self.root / "checkpoint")
-        # None until the writer's first flush (or a file not of ours): nothing is known to be flushed.
-        self._confirmed_offset = checkpoint.confirmed_offset if checkpoint is not None else 0
+        flushed = FlushedBound.read(self.root / "checkpoint")
+        if (flushed.source, flushed.known) != self._flushed_said:
+            self._flushed_said = (flushed.source, flushed.known)
+            self._log_flushed_source(flushed)
+        self._flushed = flushed
         base = self.root / "consumequeue"
         if not base.is_dir():
             return
@@ -453,6 +436,26 @@ class HotStoreFollower(LocalMessageStore):
             for queue_dir in queue_dirs:
                 if queue_dir.name.isdigit() and (topic_dir.name, int(queue_dir.name)) not in self._followed:
                     self._follow(topic_dir.name, int(queue_dir.name), now)
+
+    def _log_flushed_source(self, flushed: FlushedBound) -> None:
+        """Say once, when it changes, where the durable bound comes from: else an archiver that takes
+        nothing from a store that never flushed would not say why."""
+        path = str(self.root / "checkpoint")
+        if not flushed.known:
+            log.info(
+                "the hot store's checkpoint says nothing is flushed yet; nothing is archived until its writer flushes",
+                checkpoint=path,
+                source=flushed.source,
+            )
+        elif flushed.source == "rocketmq":
+            log.info(
+                "following a RocketMQ broker's checkpoint: archiving records stored before its flush time",
+                checkpoint=path,
+                stored_until=flushed.stored_until,
+                confirmed_offset=flushed.offset,
+            )
+        else:
+            log.info("following the writer's checkpoint", checkpoint=path, confirmed_offset=flushed.offset)
 
     def _follow(self, topic: str, queue_id: int, now: float) -> _FollowedQueue:
         queue = _FollowedQueue(topic, queue_id, self.root / "consumequeue" / topic / str(queue_id))
@@ -559,13 +562,33 @@ class HotStoreFollower(LocalMessageStore):
             return self._log.max_offset
 
     def durable_max_offset(self, topic: str, queue_id: int) -> int:
-        """One past the last message below the writer's checkpoint (0 for a queue never written): what the
+        """One past the last message the writer's checkpoint covers (0 for a queue never written): what the
         writer had flushed at its last checkpoint, at most ``flush_interval`` (plus ``refresh_interval``) ago."""
         with self._lock:
             queue = self._fresh(topic, queue_id)
             if queue is None:
                 return 0
-            return queue.durable_end.find(self._confirmed_offset, queue.min_offset, queue.max_offset, queue.position_at)
+            flushed = self._flushed
+
+            def is_flushed(queue_offset: int) -> bool:
+                return self._covers(flushed, queue, queue_offset)
+
+            return queue.durable_end.search(
+                (flushed.offset, flushed.stored_until), queue.min_offset, queue.max_offset, is_flushed
+            )
+
+    def _covers(self, flushed: FlushedBound, queue: _FollowedQueue, queue_offset: int) -> bool:
+        """Whether ``flushed`` covers the message at a checked queue offset: by where its record ends, else
+        by its store timestamp (a RocketMQ broker's checkpoint), read from the record's header only."""
+        unit = queue.raw_unit(queue_offset)
+        if unit is None:
+            return False
+        if unit[0] + unit[1] <= flushed.offset:
+            return True
+        if flushed.stored_until <= 0:
+            return False
+        head = self._log.read(unit[0], min(unit[1], _TIMESTAMP_PREFIX))
+        return head is not None and store_timestamp_of(head) <= flushed.stored_until
 
     def flush_queue(self, topic: str, queue_id: int) -> int:
         """Flushing is the writer's: only its ``durable_max_offset``."""
@@ -573,10 +596,12 @@ class HotStoreFollower(LocalMessageStore):
 
     @property
     def commitlog_flushed_offset(self) -> int:
-        """Up to where the writer's last checkpoint says the commit log is flushed (0 before its first one)."""
+        """Up to where the writer's last checkpoint says the commit log is flushed (0 before its first one).
+
+        A RocketMQ broker's checkpoint bounds what is flushed by time too: see ``durable_max_offset``."""
         with self._lock:
             self._listed()
-            return self._confirmed_offset
+            return self._flushed.offset
 
     def release_pages(self, below: int) -> int:
         """Unmap this process's pages of the commit log below ``below`` (see LocalMessageStore's)."""

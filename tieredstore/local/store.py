@@ -9,7 +9,6 @@ Opened ``read_only`` it reads a RocketMQ broker's store directory without writin
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import itertools
 import os
@@ -35,7 +34,6 @@ from tieredstore.errors import (
     MessageTooLargeError,
     NotFoundError,
     StoreFullError,
-    StoreLockedError,
     ValidationError,
 )
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
@@ -79,6 +77,7 @@ from tieredstore.local.index_file import (
     whole_record,
 )
 from tieredstore.local.queue import ConsumeQueue
+from tieredstore.local.store_lock import take_writer_lock
 
 log = structlog.get_logger(__name__)
 
@@ -374,13 +373,7 @@ class LocalMessageStore:
     # ----------------------------------------------------------------- open, recovery, close
 
     def _take_lock(self) -> None:
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
-            raise StoreLockedError(f"{self.root} is already open by another writer (its lock file is held)") from exc
-        self._lock_fd = fd
+        self._lock_fd = take_writer_lock(self.root)
 
     def _release(self) -> None:
         for queue in self._queues.values():
