@@ -21,8 +21,11 @@ import datetime
 import functools
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
 from tieredstore.formats.message import java_string_hash
@@ -39,6 +42,9 @@ _HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
 ITEM = struct.Struct(">iqii")
 """A slot and an item, for a writer that packs many in a loop (``pack_slot``, ``pack_item`` do one)."""
+ITEM_DTYPE = np.dtype([("key_hash", ">i4"), ("physical_offset", ">i8"), ("time_diff", ">i4"), ("previous", ">i4")])
+"""An item as a numpy record (20 bytes, packed), for a writer that fills a run of items at once."""
+SLOT_DTYPE = np.dtype(">i4")
 _NAME_FORMAT = "%Y%m%d%H%M%S"
 NAME_LENGTH = 17
 
@@ -76,6 +82,45 @@ def key_hash(topic: str, key: str) -> int:
 @functools.lru_cache(maxsize=4096)
 def _prefix_hash(topic: str) -> int:
     return java_string_hash(f"{topic}#") & _UINT32
+
+
+def key_hashes(topics: str | Sequence[str], keys: Sequence[str]) -> npt.NDArray[np.int64]:
+    """``key_hash(topics[i], keys[i])`` for every i (or of the one topic ``topics`` names), for the whole
+    batch at once.
+
+    Java's hash of ``topic#key`` is ``prefix * 31**n + sum(unit[j] * 31**(n-1-j))`` mod 2**32 over the
+    key's n UTF-16 code units: one multiply by a table of powers of 31 and a running sum in uint32,
+    whose wrap-around is the modulus, replace a Python loop per character.
+    """
+    joined = "".join(keys).encode("utf-16-be", "surrogatepass")
+    lengths = [len(key) for key in keys]
+    if len(joined) != 2 * sum(lengths):  # characters past the BMP take two code units
+        lengths = [len(key.encode("utf-16-be", "surrogatepass")) // 2 for key in keys]
+    counts = np.array(lengths, dtype=np.int64)
+    ends = np.cumsum(counts)
+    powers = _powers_of_31(int(counts.max(initial=0)) + 1)
+    units = np.frombuffer(joined, dtype=">u2").astype(np.uint32)
+    exponents = np.repeat(ends - 1, counts) - np.arange(len(units), dtype=np.int64)
+    running = np.zeros(len(units) + 1, dtype=np.uint32)
+    np.cumsum(units * powers[exponents], dtype=np.uint32, out=running[1:])
+    key_parts = running[ends] - running[ends - counts]
+    per_key = [_prefix_hash(topics)] if isinstance(topics, str) else [_prefix_hash(topic) for topic in topics]
+    prefixes = np.array(per_key, dtype=np.uint32)
+    signed = (prefixes * powers[counts] + key_parts).view(np.int32).astype(np.int64)
+    hashes: npt.NDArray[np.int64] = np.abs(signed)
+    hashes[hashes > INT32_MAX] = 0  # abs(Integer.MIN_VALUE), which RocketMQ clamps to 0
+    return hashes
+
+
+@functools.lru_cache(maxsize=8)
+def _powers_of_31(needed: int) -> npt.NDArray[np.uint32]:
+    """31**i mod 2**32 for i below ``needed`` rounded up to a power of two (so few sizes are cached)."""
+    size = 1 << max(needed - 1, 1).bit_length()
+    powers = np.empty(size, dtype=np.uint32)
+    powers[0] = 1
+    np.cumprod(np.full(size - 1, 31, dtype=np.uint32), dtype=np.uint32, out=powers[1:])
+    powers.flags.writeable = False
+    return powers
 
 
 def slot_of(hash_value: int, slot_count: int) -> int:
