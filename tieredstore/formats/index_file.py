@@ -64,19 +64,29 @@ def positive_hash(text: str) -> int:
 
 
 def key_hash(topic: str, key: str) -> int:
-    """The non-negative hash an index stores for ``key`` of ``topic``: ``positive_hash(index_key(topic, key))``.
+    """The non-negative hash an index stores for ``key`` of ``topic``: ``positive_hash(index_key(topic, key))``."""
+    return record_key_hashes(topic, (key,))[0]
+
+
+def record_key_hashes(topic: str, keys: Sequence[str]) -> list[int]:
+    """``key_hash(topic, key)`` of each of one record's keys (what a single put indexes).
 
     Java's hash is a polynomial, so ``topic#``'s part is computed once per topic and an ASCII key (one
-    UTF-16 unit per byte) continues it byte by byte; this runs once per key on the put path.
+    UTF-16 unit per byte) continues it byte by byte.
     """
-    if not key.isascii():
-        return positive_hash(index_key(topic, key))
-    value = _prefix_hash(topic)
-    for code in key.encode("ascii"):
-        value = value * 31 + code
-    value &= _UINT32
-    value = (1 << 32) - value if value & 0x80000000 else value
-    return 0 if value > INT32_MAX else value
+    prefix = _prefix_hash(topic)
+    hashes = []
+    for key in keys:
+        if not key.isascii():
+            hashes.append(positive_hash(index_key(topic, key)))
+            continue
+        value = prefix
+        for code in key.encode("ascii"):
+            value = value * 31 + code
+        value &= _UINT32
+        value = (1 << 32) - value if value & 0x80000000 else value
+        hashes.append(0 if value > INT32_MAX else value)
+    return hashes
 
 
 @functools.lru_cache(maxsize=4096)
@@ -89,38 +99,49 @@ def key_hashes(topics: str | Sequence[str], keys: Sequence[str]) -> npt.NDArray[
     batch at once.
 
     Java's hash of ``topic#key`` is ``prefix * 31**n + sum(unit[j] * 31**(n-1-j))`` mod 2**32 over the
-    key's n UTF-16 code units: one multiply by a table of powers of 31 and a running sum in uint32,
-    whose wrap-around is the modulus, replace a Python loop per character.
+    key's n UTF-16 code units. 31 is odd, so it has an inverse mod 2**32: weighing every unit of the
+    joined keys by ``31**-position`` makes each key's sum one difference of a running total, which
+    ``31**(end-1)`` scales to the key's own powers. uint32 wrap-around is the modulus.
     """
-    joined = "".join(keys).encode("utf-16-be", "surrogatepass")
-    lengths = [len(key) for key in keys]
-    if len(joined) != 2 * sum(lengths):  # characters past the BMP take two code units
-        lengths = [len(key.encode("utf-16-be", "surrogatepass")) // 2 for key in keys]
+    joined = "".join(keys)
+    lengths = list(map(len, keys))
+    if joined.isascii():
+        units: npt.NDArray[np.unsignedinteger] = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    else:
+        units = np.frombuffer(joined.encode("utf-16-be", "surrogatepass"), dtype=">u2")
+        if len(units) != len(joined):  # characters past the BMP take two code units
+            lengths = [len(key.encode("utf-16-be", "surrogatepass")) // 2 for key in keys]
     counts = np.array(lengths, dtype=np.int64)
     ends = np.cumsum(counts)
-    powers = _powers_of_31(int(counts.max(initial=0)) + 1)
-    units = np.frombuffer(joined, dtype=">u2").astype(np.uint32)
-    exponents = np.repeat(ends - 1, counts) - np.arange(len(units), dtype=np.int64)
+    powers, inverses = _powers_of_31(len(units) + 1)
     running = np.zeros(len(units) + 1, dtype=np.uint32)
-    np.cumsum(units * powers[exponents], dtype=np.uint32, out=running[1:])
-    key_parts = running[ends] - running[ends - counts]
-    per_key = [_prefix_hash(topics)] if isinstance(topics, str) else [_prefix_hash(topic) for topic in topics]
-    prefixes = np.array(per_key, dtype=np.uint32)
-    signed = (prefixes * powers[counts] + key_parts).view(np.int32).astype(np.int64)
-    hashes: npt.NDArray[np.int64] = np.abs(signed)
+    np.cumsum(units * inverses[: len(units)], dtype=np.uint32, out=running[1:])
+    starts = ends - counts
+    prefixes = np.array(
+        _prefix_hash(topics) if isinstance(topics, str) else [_prefix_hash(topic) for topic in topics], dtype=np.uint32
+    )
+    combined = powers[ends - 1] * (running[ends] - running[starts]) + powers[counts] * prefixes
+    hashes: npt.NDArray[np.int64] = np.abs(combined.view(np.int32).astype(np.int64))
     hashes[hashes > INT32_MAX] = 0  # abs(Integer.MIN_VALUE), which RocketMQ clamps to 0
     return hashes
 
 
+# 31 * _INVERSE_OF_31 == 1 mod 2**32
+_INVERSE_OF_31 = pow(31, -1, 1 << 32)
+
+
 @functools.lru_cache(maxsize=8)
-def _powers_of_31(needed: int) -> npt.NDArray[np.uint32]:
-    """31**i mod 2**32 for i below ``needed`` rounded up to a power of two (so few sizes are cached)."""
+def _powers_of_31(needed: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """31**i and 31**-i mod 2**32 for i below ``needed`` rounded up to a power of two (so few sizes are cached)."""
     size = 1 << max(needed - 1, 1).bit_length()
-    powers = np.empty(size, dtype=np.uint32)
-    powers[0] = 1
-    np.cumprod(np.full(size - 1, 31, dtype=np.uint32), dtype=np.uint32, out=powers[1:])
-    powers.flags.writeable = False
-    return powers
+    tables = []
+    for base in (31, _INVERSE_OF_31):
+        table = np.empty(size, dtype=np.uint32)
+        table[0] = 1
+        np.cumprod(np.full(size - 1, base, dtype=np.uint32), dtype=np.uint32, out=table[1:])
+        table.flags.writeable = False
+        tables.append(table)
+    return tables[0], tables[1]
 
 
 def slot_of(hash_value: int, slot_count: int) -> int:

@@ -53,6 +53,7 @@ from tieredstore.formats.index_file import (
     parse_index_file_name,
     read_item,
     read_slot,
+    record_key_hashes,
     slot_of,
     time_diff_seconds,
 )
@@ -88,6 +89,7 @@ class _IndexFile:
         self.mapped = mapped
         self.slot_capacity = slot_capacity
         self.item_capacity = item_capacity
+        self.items_at = item_position(slot_capacity, 0)
         self.reader = RocketMQIndexFile(
             mapped.buffer, slot_capacity=slot_capacity, item_capacity=item_capacity, location=str(path)
         )
@@ -144,18 +146,16 @@ class _IndexFile:
     def room(self) -> int:
         return self.item_capacity - self.index_count
 
-    def _time_diff(self, store_timestamp: int) -> int:
-        diff = (store_timestamp - self.begin_timestamp) // 1000
-        return diff if 0 <= diff <= INT32_MAX else time_diff_seconds(store_timestamp, self.begin_timestamp)
-
     def add_record(self, hashes: Sequence[int], physical_offset: int, store_timestamp: int) -> None:
         """Write one record's items (the file has room for them all), then publish them."""
         buffer, slot_capacity = self.mapped.buffer, self.slot_capacity
         number = self.index_count
         if number == 1:
             self.begin_offset, self.begin_timestamp = physical_offset, store_timestamp
-        diff = self._time_diff(store_timestamp)
-        at = item_position(slot_capacity, number)
+        diff = (store_timestamp - self.begin_timestamp) // 1000
+        if not 0 <= diff <= INT32_MAX:
+            diff = time_diff_seconds(store_timestamp, self.begin_timestamp)
+        at = self.items_at + number * ITEM_SIZE
         pending: dict[int, int] = {}
         for hash_value in hashes:
             slot = hash_value % slot_capacity
@@ -188,35 +188,33 @@ class _IndexFile:
         outside = (diffs < 0) | (diffs > INT32_MAX)
         if outside.any():  # as time_diff_seconds clamps them
             diffs = np.where(outside, np.clip(diffs, 0, INT32_MAX) if begin > 0 else 0, diffs)
-        numbers = np.arange(number, number + count, dtype=np.int64)
         # Items sorted by slot, stably: each item's previous is the item before it in its slot's run, and
         # the first of a run links to what the slot held (when that is an item of this file's past).
         slots = hashes % self.slot_capacity
         order = np.argsort(slots, kind="stable")
         ordered = slots[order]
-        first = np.ones(count, dtype=np.bool_)
-        np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-        last = np.ones(count, dtype=np.bool_)
-        last[:-1] = first[1:]
+        first = np.empty(count + 1, dtype=np.bool_)  # first[i + 1] is whether item i (in order) ends its run
+        first[0] = first[count] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=first[1:count])
         buffer = self.mapped.buffer
         slot_table = np.frombuffer(buffer, dtype=SLOT_DTYPE, count=self.slot_capacity, offset=HEADER_SIZE)
-        stored = slot_table[ordered[first]].astype(np.int64)
-        chained = (stored > 0) & (stored < number)
-        previous_ordered = np.empty(count, dtype=np.int64)
-        previous_ordered[1:] = numbers[order[:-1]]
-        previous_ordered[first] = np.where(chained, stored, 0)
+        stored = slot_table[ordered[first[:count]]]
+        unchained = (stored <= 0) | (stored >= number)
+        stored[unchained] = 0
         previous = np.empty(count, dtype=np.int64)
-        previous[order] = previous_ordered
+        previous[1:] = order[:-1] + number
+        previous[first[:count]] = stored
         items = np.frombuffer(buffer, dtype=ITEM_DTYPE, count=count, offset=item_position(self.slot_capacity, number))
         items["key_hash"] = hashes
         items["physical_offset"] = offsets
         items["time_diff"] = diffs
-        items["previous"] = previous
-        self.slots_used += int(np.count_nonzero(~chained))
+        items["previous"][order] = previous
+        self.slots_used += int(np.count_nonzero(unchained))
         self.index_count = number + count
         self.end_offset, self.end_timestamp = int(offsets[-1]), int(stamps[-1])
         self.publish({})
-        slot_table[ordered[last]] = numbers[order[last]]
+        last = first[1:]
+        slot_table[ordered[last]] = order[last] + number
         del items, slot_table  # views of the map: it cannot be closed while they live
         return count
 
@@ -399,9 +397,9 @@ class HotKeyIndex:
 
     def add(self, topic: str, keys: Sequence[str], physical_offset: int, store_timestamp: int) -> None:
         """Index one record's keys (the caller serialises adds: the store's put lock)."""
-        hashes = [key_hash(topic, key) for key in keys]
+        hashes = record_key_hashes(topic, keys)
         file = self._files[-1] if self._files else None
-        if file is not None and len(hashes) <= file.room:
+        if file is not None and file.index_count + len(hashes) <= file.item_capacity:
             file.add_record(hashes, physical_offset, store_timestamp)
             self._dirty.add(file)
             return
