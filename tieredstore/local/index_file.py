@@ -193,17 +193,18 @@ class _IndexFile:
         slots = hashes % self.slot_capacity
         order = np.argsort(slots, kind="stable")
         ordered = slots[order]
-        first = np.empty(count + 1, dtype=np.bool_)  # first[i + 1] is whether item i (in order) ends its run
-        first[0] = first[count] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=first[1:count])
+        boundary = np.empty(count + 1, dtype=np.bool_)  # between items i - 1 and i (in order): a new slot
+        boundary[0] = boundary[count] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=boundary[1:count])
+        run_starts, run_ends = boundary[:count], boundary[1:]
         buffer = self.mapped.buffer
         slot_table = np.frombuffer(buffer, dtype=SLOT_DTYPE, count=self.slot_capacity, offset=HEADER_SIZE)
-        stored = slot_table[ordered[first[:count]]]
+        stored = slot_table[ordered[run_starts]]
         unchained = (stored <= 0) | (stored >= number)
         stored[unchained] = 0
         previous = np.empty(count, dtype=np.int64)
         previous[1:] = order[:-1] + number
-        previous[first[:count]] = stored
+        previous[run_starts] = stored
         items = np.frombuffer(buffer, dtype=ITEM_DTYPE, count=count, offset=item_position(self.slot_capacity, number))
         items["key_hash"] = hashes
         items["physical_offset"] = offsets
@@ -213,8 +214,7 @@ class _IndexFile:
         self.index_count = number + count
         self.end_offset, self.end_timestamp = int(offsets[-1]), int(stamps[-1])
         self.publish({})
-        last = first[1:]
-        slot_table[ordered[last]] = order[last] + number
+        slot_table[ordered[run_ends]] = order[run_ends] + number
         del items, slot_table  # views of the map: it cannot be closed while they live
         return count
 
@@ -397,6 +397,8 @@ class HotKeyIndex:
 
     def add(self, topic: str, keys: Sequence[str], physical_offset: int, store_timestamp: int) -> None:
         """Index one record's keys (the caller serialises adds: the store's put lock)."""
+        if not keys:
+            return
         hashes = record_key_hashes(topic, keys)
         file = self._files[-1] if self._files else None
         if file is not None and file.index_count + len(hashes) <= file.item_capacity:
