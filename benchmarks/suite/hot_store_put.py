@@ -4,6 +4,10 @@ The raw baselines append the very records the store writes (same encoder, same s
 one ``write`` per message, under the same fsync policy: periodic for async; for sync both one fsync per
 message (what group commit is measured against) and one fsync per batch of as many messages as there are
 producers (the best any group commit could do).
+
+Keyed puts carry one key and a UNIQ_KEY, as RocketMQ producers send every message, so each put adds two
+items to the hot key index: they run beside the same raw appends (of records as large as theirs) and
+beside our own unkeyed puts, the ratio that shows what the index costs a put.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from benchmarks.baselines import raw_append
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark, stopwatch
-from tieredstore.formats.message import encode_raw
+from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, encode_properties, encode_raw
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.store import LocalMessageStore, PutRequest
 
@@ -29,14 +34,31 @@ SYNC_PRODUCERS = 32
 FSYNC_EACH_MESSAGES = 4000
 
 
+# A client's UNIQ_KEY: 32 hex digits (address, pid, class-loader hash, time, counter); the counter part varies.
+UNIQ_KEY_PREFIX = "7F0000010B5C18B4AAC2"
+
+
+def _keys(index: int) -> tuple[list[str], dict[str, str]]:
+    """The keys= and properties= of keyed put ``index``: one business key and the client's UNIQ_KEY."""
+    return [f"order-{index:08d}"], {PROPERTY_UNIQ_KEY: f"{UNIQ_KEY_PREFIX}{index:012X}"}
+
+
 def _bodies() -> list[bytes]:
     return [os.urandom(BODY_SIZE) for _ in range(QUEUES)]
 
 
-def _raw_records(bodies: Sequence[bytes], count: int) -> list[bytes]:
-    """The records the store would write for ``count`` puts, for the raw baselines to append."""
+def _raw_records(bodies: Sequence[bytes], count: int, *, keyed: bool = False) -> list[bytes]:
+    """The records the store would write for ``count`` puts (keyed ones as large as the store's), for the
+    raw baselines to append."""
     topic_raw = TOPIC.encode("ascii")
-    per_queue = [encode_raw(topic_raw=topic_raw, queue_id=q, body=bodies[q], properties_raw=b"") for q in range(QUEUES)]
+    properties_raw = b""
+    if keyed:
+        keys, properties = _keys(0)
+        properties_raw = encode_properties({**properties, PROPERTY_KEYS: " ".join(keys)})
+    per_queue = [
+        encode_raw(topic_raw=topic_raw, queue_id=q, body=bodies[q], properties_raw=properties_raw)
+        for q in range(QUEUES)
+    ]
     return [per_queue[i % QUEUES] for i in range(count)]
 
 
@@ -50,17 +72,21 @@ def _check_all_stored(store: LocalMessageStore, expected: int) -> None:
         raise RuntimeError(f"the hot store holds {stored} messages after {expected} puts")
 
 
-def _put_single_thread(directory: Path, bodies: Sequence[bytes], count: int, *, batch: int) -> Measurement:
+def _put_single_thread(
+    directory: Path, bodies: Sequence[bytes], count: int, *, batch: int, keyed: bool = False
+) -> Measurement:
+    # Built before the clock starts, so a keyed put is timed on what the store does with its keys.
+    keys = [_keys(i) if keyed else ((), None) for i in range(count)]
     with LocalMessageStore(directory / "store", config=_config("async")) as store:
         with stopwatch() as elapsed:
             if batch == 1:
                 for i in range(count):
-                    store.put_message(TOPIC, i % QUEUES, bodies[i % QUEUES])
+                    store.put_message(TOPIC, i % QUEUES, bodies[i % QUEUES], keys[i][0], properties=keys[i][1])
             else:
                 for start in range(0, count, batch):
                     store.put_messages(
                         [
-                            PutRequest(TOPIC, i % QUEUES, bodies[i % QUEUES])
+                            PutRequest(TOPIC, i % QUEUES, bodies[i % QUEUES], keys[i][0], None, keys[i][1])
                             for i in range(start, min(count, start + batch))
                         ]
                     )
@@ -128,6 +154,7 @@ def hot_store_put(ctx: BenchmarkContext) -> None:
     ctx.parameter(
         body_bytes=BODY_SIZE,
         record_bytes=len(async_records[0]),
+        keyed_record_bytes=len(_raw_records(bodies, 1, keyed=True)[0]),
         queues=QUEUES,
         async_messages=async_count,
         sync_messages=sync_count,
@@ -161,6 +188,35 @@ def hot_store_put(ctx: BenchmarkContext) -> None:
         unit="msg",
         target=Target.at_least(0.5, "≥ 0.5 (50% of raw)"),
     )
+    keyed_records = _raw_records(bodies, async_count, keyed=True)
+    keyed_target = Target.at_least(0.8, "keyed put ≥ 0.8 of unkeyed put")
+    for batch, suffix, put in ((1, "", "put_message"), (BATCH_SIZE, " batch", f"put_messages x{BATCH_SIZE}")):
+        shape = "put_message" if batch == 1 else f"put_messages of {BATCH_SIZE}"
+        keyed = Contender(
+            f"{put} keyed, async flush",
+            partial(_put_single_thread, bodies=bodies, count=async_count, batch=batch, keyed=True),
+        )
+        ctx.compare(
+            f"async{suffix} keyed",
+            description=f"one producer, {shape} with a key and a UNIQ_KEY each",
+            baseline=Contender(
+                "raw append, fsync every 0.5 s",
+                lambda d: raw_append(d / "raw", keyed_records, fsync="periodic", flush_interval=FLUSH_INTERVAL_S),
+            ),
+            ours=keyed,
+            unit="msg",
+        )
+        ctx.compare(
+            f"keyed vs unkeyed{suffix}",
+            description=f"{shape} with a key and a UNIQ_KEY each against {shape} without",
+            baseline=Contender(
+                f"{put}, async flush",
+                partial(_put_single_thread, bodies=bodies, count=async_count, batch=batch),
+            ),
+            ours=keyed,
+            unit="msg",
+            target=keyed_target,
+        )
     ctx.compare(
         "sync group commit",
         description=f"{SYNC_PRODUCERS} producers vs one fsync per message",

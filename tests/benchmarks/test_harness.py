@@ -290,3 +290,28 @@ def test_quick_run_of_the_whole_suite_completes_in_budget(tmp_path: Path) -> Non
     assert report.returncode == 0, report.stdout + report.stderr
     for name in by_name:
         assert begin_marker(name) in markdown.read_text()
+
+
+def test_hot_store_put_measures_keyed_puts_beside_raw_appends_and_beside_unkeyed_puts(tmp_path: Path) -> None:
+    registry, _ = discover()
+
+    document = run_one(registry["hot_store_put"], quick=True, out_dir=tmp_path)
+
+    assert document["status"] == "ok", document["error"]
+    comparisons = {c["name"]: c for c in document["comparisons"]}
+    for suffix, put in (("", "put_message"), (" batch", "put_messages x32")):
+        against_raw = comparisons[f"async{suffix} keyed"]
+        assert (against_raw["baseline"]["label"], against_raw["ours"]["label"]) == (
+            "raw append, fsync every 0.5 s",
+            f"{put} keyed, async flush",
+        )
+        # The raw side appends records as large as the ones the keyed puts store.
+        ours = against_raw["ours"]
+        stored_bytes = ours["mb_per_s"]["values"][0] * 1e6 / ours["values"][0]
+        assert stored_bytes == pytest.approx(document["parameters"]["keyed_record_bytes"])
+        against_unkeyed = comparisons[f"keyed vs unkeyed{suffix}"]
+        assert (against_unkeyed["baseline"]["label"], against_unkeyed["ours"]["label"]) == (
+            f"{put}, async flush",
+            f"{put} keyed, async flush",
+        )
+        assert against_unkeyed["target"]["min_ratio"] == 0.8

@@ -13,6 +13,7 @@ from tieredstore.formats.index_file import (
     index_file_name,
     index_key,
     key_hash,
+    key_hashes,
     parse_index_file_name,
     positive_hash,
 )
@@ -72,6 +73,23 @@ def test_rocketmq_index_chain_that_loops_is_an_error_not_a_hang() -> None:
 @given(st.text("abcXYZ019_-%|", min_size=1, max_size=40), st.text(min_size=1, max_size=40))
 def test_key_hash_is_the_hash_of_topic_hash_key_for_any_key(topic: str, key: str) -> None:
     assert key_hash(topic, key) == positive_hash(index_key(topic, key))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["T", "Orders", "rmq_sys_TRACE"]), st.text(max_size=40)), max_size=40))
+def test_a_batch_of_keys_hashes_as_each_key_alone(pairs: list[tuple[str, str]]) -> None:
+    topics, keys = [topic for topic, _ in pairs], [key for _, key in pairs]
+    assert key_hashes(topics, keys).tolist() == [key_hash(topic, key) for topic, key in pairs]
+    assert key_hashes("T", keys).tolist() == [key_hash("T", key) for key in keys]
+
+
+def test_a_batch_key_whose_java_hash_is_integer_min_value_hashes_to_zero() -> None:
+    assert java_string_hash("T#k7883q_oi") == -(2**31)
+    assert key_hashes(["T", "T", "T"], ["k7883q_oi", "order-1", "日本😀"]).tolist() == [
+        0,
+        key_hash("T", "order-1"),
+        key_hash("T", "日本😀"),
+    ]
 
 
 def test_index_file_names_are_creation_times_as_rocketmq_writes_them() -> None:

@@ -11,6 +11,7 @@ import pytest
 from tieredstore.formats.index_file import RocketMQIndexFile, index_file_size, key_hash
 from tieredstore.formats.message import java_string_hash
 from tieredstore.local import HotStoreFollower, LocalMessageStore, LocalStoreConfig, PutRequest
+from tieredstore.local.index_file import HotKeyIndex, KeyEntry
 
 from .conftest import abandon, mapped_rss, small_config
 from .test_crash import run_and_kill
@@ -67,6 +68,41 @@ def test_keys_of_single_and_batched_puts_are_found_newest_first(tmp_path: Path) 
         newest = store.query_keys("T", "customer-1", 1)[0].store_timestamp
         assert all(hit.store_timestamp <= newest for hit in store.query_keys("T", "customer-1", 100, 0, newest))
         assert store.query_keys("T", "customer-1", 100, newest + 1, newest + HOUR_MS) == []
+
+
+def test_a_large_batch_is_found_by_every_key_across_the_index_files_it_fills(tmp_path: Path) -> None:
+    with LocalMessageStore(tmp_path, config=keyed_config()) as store:
+        put_orders(store, 0, 1)
+        keys = {n: [f"order-{n}", f"customer-{n % 3}"] for n in range(1, 21)}
+        unique = {n: {"UNIQ_KEY": f"U{n}"} for n in keys}
+        store.put_messages([PutRequest("T", n % 2, b"m", keys[n], properties=unique[n]) for n in keys])
+        assert items_indexed(tmp_path) == 63 and len(index_files(tmp_path)) == 16
+        for n in range(21):
+            assert found(store, f"order-{n}") == found(store, f"U{n}") == [(n % 2, n // 2)]
+        assert sorted(found(store, "customer-2", max_count=3)) == [(0, 7), (0, 10), (1, 8)]  # messages 14, 20, 17
+
+
+def test_a_batch_writes_the_index_files_that_its_records_added_one_by_one_write(tmp_path: Path) -> None:
+    """Slots shared within the batch and with items already in the file, files rolled mid-batch, two topics."""
+    entries: list[KeyEntry] = [
+        ("T" if n % 5 else "Other", (f"U{n}", f"order-{n}", f"customer-{n % 3}"), 1000 * n, 1_700_000_000_000 + 400 * n)
+        for n in range(40)
+    ]  # fmt: skip
+    one_by_one = HotKeyIndex(tmp_path / "one", slot_capacity=SLOTS, item_capacity=64, writable=True)
+    batched = HotKeyIndex(tmp_path / "batched", slot_capacity=SLOTS, item_capacity=64, writable=True)
+    for entry in entries:
+        one_by_one.add(*entry)
+    for entry in entries[:3]:
+        batched.add(*entry)
+    batched.add_many(entries[3:])
+    one_by_one.flush()
+    batched.flush()
+    written = [[(root / name).read_bytes() for name in index.files()] for root, index in
+               ((tmp_path / "one", one_by_one), (tmp_path / "batched", batched))]  # fmt: skip
+    assert len(written[0]) == 2 and written[0] == written[1]
+    assert list(batched.lookup("Other", "order-35", 0, 2**62)) == [35_000]
+    one_by_one.close()
+    batched.close()
 
 
 def test_our_index_files_are_rocketmq_index_files_the_format_reader_reads(tmp_path: Path) -> None:

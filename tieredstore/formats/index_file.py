@@ -21,8 +21,11 @@ import datetime
 import functools
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, ValidationError
 from tieredstore.formats.message import java_string_hash
@@ -39,6 +42,9 @@ _HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
 ITEM = struct.Struct(">iqii")
 """A slot and an item, for a writer that packs many in a loop (``pack_slot``, ``pack_item`` do one)."""
+ITEM_DTYPE = np.dtype([("key_hash", ">i4"), ("physical_offset", ">i8"), ("time_diff", ">i4"), ("previous", ">i4")])
+"""An item as a numpy record (20 bytes, packed), for a writer that fills a run of items at once."""
+SLOT_DTYPE = np.dtype(">i4")
 _NAME_FORMAT = "%Y%m%d%H%M%S"
 NAME_LENGTH = 17
 
@@ -58,24 +64,84 @@ def positive_hash(text: str) -> int:
 
 
 def key_hash(topic: str, key: str) -> int:
-    """The non-negative hash an index stores for ``key`` of ``topic``: ``positive_hash(index_key(topic, key))``.
+    """The non-negative hash an index stores for ``key`` of ``topic``: ``positive_hash(index_key(topic, key))``."""
+    return record_key_hashes(topic, (key,))[0]
+
+
+def record_key_hashes(topic: str, keys: Sequence[str]) -> list[int]:
+    """``key_hash(topic, key)`` of each of one record's keys (what a single put indexes).
 
     Java's hash is a polynomial, so ``topic#``'s part is computed once per topic and an ASCII key (one
-    UTF-16 unit per byte) continues it byte by byte; this runs once per key on the put path.
+    UTF-16 unit per byte) continues it byte by byte.
     """
-    if not key.isascii():
-        return positive_hash(index_key(topic, key))
-    value = _prefix_hash(topic)
-    for code in key.encode("ascii"):
-        value = value * 31 + code
-    value &= _UINT32
-    value = (1 << 32) - value if value & 0x80000000 else value
-    return 0 if value > INT32_MAX else value
+    prefix = _prefix_hash(topic)
+    hashes = []
+    for key in keys:
+        if not key.isascii():
+            hashes.append(positive_hash(index_key(topic, key)))
+            continue
+        value = prefix
+        for code in key.encode("ascii"):
+            value = value * 31 + code
+        value &= _UINT32
+        value = (1 << 32) - value if value & 0x80000000 else value
+        hashes.append(0 if value > INT32_MAX else value)
+    return hashes
 
 
 @functools.lru_cache(maxsize=4096)
 def _prefix_hash(topic: str) -> int:
     return java_string_hash(f"{topic}#") & _UINT32
+
+
+def key_hashes(topics: str | Sequence[str], keys: Sequence[str]) -> npt.NDArray[np.int64]:
+    """``key_hash(topics[i], keys[i])`` for every i (or of the one topic ``topics`` names), for the whole
+    batch at once.
+
+    Java's hash of ``topic#key`` is ``prefix * 31**n + sum(unit[j] * 31**(n-1-j))`` mod 2**32 over the
+    key's n UTF-16 code units. 31 is odd, so it has an inverse mod 2**32: weighing every unit of the
+    joined keys by ``31**-position`` makes each key's sum one difference of a running total, which
+    ``31**(end-1)`` scales to the key's own powers. uint32 wrap-around is the modulus.
+    """
+    joined = "".join(keys)
+    lengths = list(map(len, keys))
+    if joined.isascii():
+        units: npt.NDArray[np.unsignedinteger] = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    else:
+        units = np.frombuffer(joined.encode("utf-16-be", "surrogatepass"), dtype=">u2")
+        if len(units) != len(joined):  # characters past the BMP take two code units
+            lengths = [len(key.encode("utf-16-be", "surrogatepass")) // 2 for key in keys]
+    counts = np.array(lengths, dtype=np.int64)
+    ends = np.cumsum(counts)
+    powers, inverses = _powers_of_31(len(units) + 1)
+    running = np.zeros(len(units) + 1, dtype=np.uint32)
+    np.cumsum(units * inverses[: len(units)], dtype=np.uint32, out=running[1:])
+    starts = ends - counts
+    prefixes = np.array(
+        _prefix_hash(topics) if isinstance(topics, str) else [_prefix_hash(topic) for topic in topics], dtype=np.uint32
+    )
+    combined = powers[ends - 1] * (running[ends] - running[starts]) + powers[counts] * prefixes
+    hashes: npt.NDArray[np.int64] = np.abs(combined.view(np.int32).astype(np.int64))
+    hashes[hashes > INT32_MAX] = 0  # abs(Integer.MIN_VALUE), which RocketMQ clamps to 0
+    return hashes
+
+
+# 31 * _INVERSE_OF_31 == 1 mod 2**32
+_INVERSE_OF_31 = pow(31, -1, 1 << 32)
+
+
+@functools.lru_cache(maxsize=8)
+def _powers_of_31(needed: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """31**i and 31**-i mod 2**32 for i below ``needed`` rounded up to a power of two (so few sizes are cached)."""
+    size = 1 << max(needed - 1, 1).bit_length()
+    tables = []
+    for base in (31, _INVERSE_OF_31):
+        table = np.empty(size, dtype=np.uint32)
+        table[0] = 1
+        np.cumprod(np.full(size - 1, base, dtype=np.uint32), dtype=np.uint32, out=table[1:])
+        table.flags.writeable = False
+        tables.append(table)
+    return tables[0], tables[1]
 
 
 def slot_of(hash_value: int, slot_count: int) -> int:

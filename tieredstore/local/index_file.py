@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from tieredstore.directories import ensure_directory
@@ -34,21 +35,25 @@ from tieredstore.formats.index_file import (
     HEADER_SIZE,
     INT32_MAX,
     ITEM,
+    ITEM_DTYPE,
     ITEM_SIZE,
     ROCKETMQ_DEFAULT_ITEMS,
     ROCKETMQ_DEFAULT_SLOTS,
     SLOT,
+    SLOT_DTYPE,
     SLOT_SIZE,
     RocketMQIndexFile,
     index_file_name,
     index_file_size,
     item_position,
     key_hash,
+    key_hashes,
     pack_header,
     pack_slot,
     parse_index_file_name,
     read_item,
     read_slot,
+    record_key_hashes,
     slot_of,
     time_diff_seconds,
 )
@@ -71,6 +76,9 @@ log = structlog.get_logger(__name__)
 KeyEntry = tuple[str, Sequence[str], int, int]
 # Whole seconds in the file: an item stored at ``stamp`` may be up to this many ms later.
 _SECOND_SLACK_MS = 999
+# Below this many keys a batch is indexed record by record: array set-up costs more than it saves.
+_BATCH_MIN_KEYS = 16
+Int64Array = npt.NDArray[np.int64]
 
 
 class _IndexFile:
@@ -81,6 +89,7 @@ class _IndexFile:
         self.mapped = mapped
         self.slot_capacity = slot_capacity
         self.item_capacity = item_capacity
+        self.items_at = item_position(slot_capacity, 0)
         self.reader = RocketMQIndexFile(
             mapped.buffer, slot_capacity=slot_capacity, item_capacity=item_capacity, location=str(path)
         )
@@ -133,38 +142,81 @@ class _IndexFile:
             and last.physical_offset == self.end_offset
         )
 
-    def add(self, items: Sequence[tuple[int, int, int]], start: int, pending: dict[int, int]) -> int:
-        """Write ``items[start:]`` (key hash, commit-log offset, store timestamp) until the file is full, then
-        publish them; returns where it stopped. ``pending`` holds their slots until the header is written."""
+    @property
+    def room(self) -> int:
+        return self.item_capacity - self.index_count
+
+    def add_record(self, hashes: Sequence[int], physical_offset: int, store_timestamp: int) -> None:
+        """Write one record's items (the file has room for them all), then publish them."""
         buffer, slot_capacity = self.mapped.buffer, self.slot_capacity
-        read_slot_at, pack_item_at = SLOT.unpack_from, ITEM.pack_into
-        items_at = item_position(slot_capacity, 0)
-        number, position = self.index_count, start
-        if number == 1 and position < len(items):
-            _, self.begin_offset, self.begin_timestamp = items[position]
-        begin_timestamp = self.begin_timestamp
-        stop = min(len(items), position + self.item_capacity - number)
-        while position < stop:
-            hash_value, physical_offset, store_timestamp = items[position]
+        number = self.index_count
+        if number == 1:
+            self.begin_offset, self.begin_timestamp = physical_offset, store_timestamp
+        diff = (store_timestamp - self.begin_timestamp) // 1000
+        if not 0 <= diff <= INT32_MAX:
+            diff = time_diff_seconds(store_timestamp, self.begin_timestamp)
+        at = self.items_at + number * ITEM_SIZE
+        pending: dict[int, int] = {}
+        for hash_value in hashes:
             slot = hash_value % slot_capacity
             previous = pending.get(slot)
             if previous is None:
-                (previous,) = read_slot_at(buffer, HEADER_SIZE + slot * SLOT_SIZE)
+                (previous,) = SLOT.unpack_from(buffer, HEADER_SIZE + slot * SLOT_SIZE)
                 if not 0 < previous < number:
                     previous = 0
                     self.slots_used += 1
-            diff = (store_timestamp - begin_timestamp) // 1000
-            pack_item_at(buffer, items_at + number * ITEM_SIZE, hash_value, physical_offset,
-                         diff if 0 <= diff <= INT32_MAX else time_diff_seconds(store_timestamp, begin_timestamp),
-                         previous)  # fmt: skip
+            ITEM.pack_into(buffer, at, hash_value, physical_offset, diff, previous)
             pending[slot] = number
             number += 1
-            position += 1
-        if position > start:
-            self.index_count = number
-            _, self.end_offset, self.end_timestamp = items[position - 1]
-            self.publish(pending)
-        return position
+            at += ITEM_SIZE
+        self.index_count = number
+        self.end_offset, self.end_timestamp = physical_offset, store_timestamp
+        self.publish(pending)
+
+    def add_batch(self, hashes: Int64Array, offsets: Int64Array, stamps: Int64Array) -> int:
+        """Write as many of the items (key hash, commit-log offset, store timestamp) as there is room for,
+        as whole arrays into the map, then publish them; returns how many were written."""
+        count = min(len(hashes), self.room)
+        if count <= 0:
+            return 0
+        hashes, offsets, stamps = hashes[:count], offsets[:count], stamps[:count]
+        number = self.index_count
+        if number == 1:
+            self.begin_offset, self.begin_timestamp = int(offsets[0]), int(stamps[0])
+        begin = self.begin_timestamp
+        diffs = (stamps - begin) // 1000
+        outside = (diffs < 0) | (diffs > INT32_MAX)
+        if outside.any():  # as time_diff_seconds clamps them
+            diffs = np.where(outside, np.clip(diffs, 0, INT32_MAX) if begin > 0 else 0, diffs)
+        # Items sorted by slot, stably: each item's previous is the item before it in its slot's run, and
+        # the first of a run links to what the slot held (when that is an item of this file's past).
+        slots = hashes % self.slot_capacity
+        order = np.argsort(slots, kind="stable")
+        ordered = slots[order]
+        boundary = np.empty(count + 1, dtype=np.bool_)  # between items i - 1 and i (in order): a new slot
+        boundary[0] = boundary[count] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=boundary[1:count])
+        run_starts, run_ends = boundary[:count], boundary[1:]
+        buffer = self.mapped.buffer
+        slot_table = np.frombuffer(buffer, dtype=SLOT_DTYPE, count=self.slot_capacity, offset=HEADER_SIZE)
+        stored = slot_table[ordered[run_starts]]
+        unchained = (stored <= 0) | (stored >= number)
+        stored[unchained] = 0
+        previous = np.empty(count, dtype=np.int64)
+        previous[1:] = order[:-1] + number
+        previous[run_starts] = stored
+        items = np.frombuffer(buffer, dtype=ITEM_DTYPE, count=count, offset=item_position(self.slot_capacity, number))
+        items["key_hash"] = hashes
+        items["physical_offset"] = offsets
+        items["time_diff"] = diffs
+        items["previous"][order] = previous
+        self.slots_used += int(np.count_nonzero(unchained))
+        self.index_count = number + count
+        self.end_offset, self.end_timestamp = int(offsets[-1]), int(stamps[-1])
+        self.publish({})
+        slot_table[ordered[run_ends]] = order[run_ends] + number
+        del items, slot_table  # views of the map: it cannot be closed while they live
+        return count
 
     def publish(self, pending: dict[int, int]) -> None:
         """The header counting the items written, then the slots that point to them."""
@@ -245,7 +297,6 @@ class HotKeyIndex:
         self._files: list[_IndexFile] = []
         self._refused: set[str] = set()
         self._dirty: set[_IndexFile] = set()
-        self._pending: dict[int, int] = {}
         # False when the store must index its whole commit log: a first open, or files it cannot use.
         self.existed = directory.is_dir()
         if not writable:
@@ -346,30 +397,51 @@ class HotKeyIndex:
 
     def add(self, topic: str, keys: Sequence[str], physical_offset: int, store_timestamp: int) -> None:
         """Index one record's keys (the caller serialises adds: the store's put lock)."""
-        self._add_items([(key_hash(topic, key), physical_offset, store_timestamp) for key in keys])
-
-    def add_many(self, entries: Iterable[KeyEntry]) -> None:
-        """Index records' keys, in commit-log order; each file's slots are published once, after its items."""
-        self._add_items(
-            [
-                (key_hash(topic, key), physical_offset, store_timestamp)
-                for topic, keys, physical_offset, store_timestamp in entries
-                for key in keys
-            ]
+        if not keys:
+            return
+        hashes = record_key_hashes(topic, keys)
+        file = self._files[-1] if self._files else None
+        if file is not None and file.index_count + len(hashes) <= file.item_capacity:
+            file.add_record(hashes, physical_offset, store_timestamp)
+            self._dirty.add(file)
+            return
+        count = len(hashes)
+        self._add_arrays(
+            np.array(hashes, dtype=np.int64),
+            np.full(count, physical_offset, dtype=np.int64),
+            np.full(count, store_timestamp, dtype=np.int64),
         )
 
-    def _add_items(self, items: list[tuple[int, int, int]]) -> None:
-        files = self._files
-        file = files[-1] if files else None
+    def add_many(self, entries: Sequence[KeyEntry]) -> None:
+        """Index records' keys, in commit-log order: each file gets its items, header and slots in one write each."""
+        counts = [len(keys) for _, keys, _, _ in entries]
+        if sum(counts) < _BATCH_MIN_KEYS:
+            for topic, keys, physical_offset, store_timestamp in entries:
+                self.add(topic, keys, physical_offset, store_timestamp)
+            return
+        topic = entries[0][0]
+        topics: str | list[str] = topic
+        if any(entry[0] != topic for entry in entries):
+            topics = [entry[0] for entry, count in zip(entries, counts, strict=True) for _ in range(count)]
+        keys = [key for entry in entries for key in entry[1]]
+        repeats = np.array(counts, dtype=np.int64)
+        self._add_arrays(
+            key_hashes(topics, keys),
+            np.repeat(np.array([entry[2] for entry in entries], dtype=np.int64), repeats),
+            np.repeat(np.array([entry[3] for entry in entries], dtype=np.int64), repeats),
+        )
+
+    def _add_arrays(self, hashes: Int64Array, offsets: Int64Array, stamps: Int64Array) -> None:
+        file = self._files[-1] if self._files else None
         position = 0
-        while position < len(items):
+        while position < len(hashes):
             if file is None or file.full:
                 try:
                     file = self._new_file()
                 except OSError as exc:  # StoreFullError among them: the put itself is stored already
                     log.error("hot key index file not created; keys left out of the hot index", error=str(exc))
                     return
-            position = file.add(items, position, self._pending)
+            position += file.add_batch(hashes[position:], offsets[position:], stamps[position:])
             self._dirty.add(file)
 
     def reindex(self, scan: Iterable[tuple[int, int, MessageRecord] | ScanStop], end: int) -> None:
