@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 # Real backends, one plugin module each: a moto S3 server over HTTP, the PostgreSQL server.
 pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.postgres", "tests.fixtures.backends"]
@@ -21,3 +22,12 @@ def _isolate_tieredstore_environment(
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
     return
+
+
+@pytest.fixture(autouse=True)
+def _isolate_logging_configuration() -> Iterator[None]:
+    """A CLI test configures structlog for its process (level, renderer); later tests start from what was before,
+    so ``capture_logs`` sees every level whatever ran first."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

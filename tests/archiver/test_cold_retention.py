@@ -4,13 +4,11 @@ topic's retention plus the rolling interval after it was stored, through the mai
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from tests.fixtures.backends import ProviderBackend
@@ -59,22 +57,13 @@ async def _store_one(runtime: Runtime, dispatcher: Dispatcher, offset: int, cloc
     await dispatcher.scan(force=True)
 
 
-@pytest.fixture
-def info_logs() -> Iterator[None]:
-    """Info lines reach ``capture_logs`` even after a CLI test configured logging at WARNING."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    yield
-    structlog.configure(**saved)
-
-
 def _sample(runtime: Runtime, name: str, **labels: str) -> float:
     return runtime.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 @pytest.mark.parametrize("provider_factory", ["posix", "s3"], indirect=True)
 async def test_a_queue_with_one_message_an_hour_expires_within_retention_plus_rolling_interval_at_default_sizes(
-    tmp_path: Path, provider_factory: ProviderBackend, metadata_url: str, info_logs: None
+    tmp_path: Path, provider_factory: ProviderBackend, metadata_url: str
 ) -> None:
     upgrade(metadata_url)
     config = config_for_backend(tmp_path, provider_factory, metadata_url=metadata_url)
