@@ -309,6 +309,11 @@ class LocalMessageStore:
         # fault in a fresh 16 MiB buffer per batch (measured: that was ~15% of a 1M-message restore).
         self._restore_buffer = bytearray()
         self._flush_lock = threading.Lock()
+        # Keys of records put since the last drain, in commit-log order: the put path only records them,
+        # and the flush thread or a key lookup indexes them in one batch (as RocketMQ's reput thread does).
+        self._pending_keys: list[KeyEntry] = []
+        # Serialises drains, so a batch is indexed whole before the next one starts: order and exactly once.
+        self._index_lock = threading.Lock()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._last_store_timestamp = 0
         # What the checkpoint file holds, as (store timestamp, confirmed offset), once this store wrote it.
@@ -586,7 +591,8 @@ class LocalMessageStore:
         if self._flusher is not None:
             self._flusher.stop()
             with self._put_lock:
-                self.flush()
+                pass  # a put already past the refusal check ends before the last flush, which covers it
+            self.flush()
             (self.root / "abort").unlink(missing_ok=True)
         self._release()
 
@@ -606,16 +612,29 @@ class LocalMessageStore:
         """Make everything written so far durable and move the checkpoint up to it."""
         if self.read_only:
             return
+        # Only records whose keys are indexed move the checkpoint: recovery re-adds keys from it on.
+        dispatched, stamp = self._index_pending()
         with self._flush_lock:
-            dispatched = self._dispatched_offset
             for queue in list(self._queues.values()):
                 queue.flush()
             self._commit_log.flush(dispatched)
             self._key_index.flush()
-            self._write_checkpoint(dispatched)
+            if self._checkpointed is None or dispatched >= self._checkpointed[1]:
+                self._write_checkpoint(dispatched, stamp)  # not back past a concurrent flush's
 
-    def _write_checkpoint(self, confirmed: int) -> None:
-        stamp = self._last_store_timestamp
+    def _index_pending(self) -> tuple[int, int]:
+        """Index the keys puts recorded so far in one batch; returns the commit-log offset below which every
+        record's keys are indexed, and the store timestamp of the newest record below it."""
+        with self._index_lock:
+            with self._put_lock:
+                pending, self._pending_keys = self._pending_keys, []
+                covered = self._dispatched_offset, self._last_store_timestamp
+            if pending:
+                self._key_index.add_many(pending)
+        return covered
+
+    def _write_checkpoint(self, confirmed: int, stamp: int | None = None) -> None:
+        stamp = self._last_store_timestamp if stamp is None else stamp
         if self._checkpointed == (stamp, confirmed):
             return  # an idle store does not rewrite (and fsync) the same checkpoint every flush interval
         # The key index is flushed with the rest: it is as current as the commit log.
@@ -781,7 +800,7 @@ class LocalMessageStore:
             queue_offset = queue.append_unit(offset, size, tag_code)
             if index_keys:
                 # Before the dispatched offset moves: a flush that covers the record covers its keys.
-                self._key_index.add(topic, index_keys, offset, store_timestamp)
+                self._pending_keys.append((topic, index_keys, offset, store_timestamp))
             self._dispatched_offset = end
             self._unit_count += 1
         return PutResult(topic, queue_id, queue_offset, offset, size, store_timestamp)
@@ -842,7 +861,7 @@ class LocalMessageStore:
             for queue, queue_units in units.items():
                 queue.append_units(queue_units)
             if keyed:
-                self._key_index.add_many(keyed)
+                self._pending_keys += keyed
             self._dispatched_offset = end
             self._unit_count += len(batch)
         return results
@@ -1262,6 +1281,8 @@ class LocalMessageStore:
         """Messages still in the hot store whose KEYS or UNIQ_KEY include ``key``, stored in [begin, end],
         newest first, at most ``max_count``; found through the key index under ``index/``."""
         validate_topic(topic)
+        if not self.read_only:
+            self._index_pending()  # the keys of every put that returned are found at once
         return find_records(self._key_index, topic, key, max_count, begin_timestamp, end_timestamp, self._record_at)
 
     def _record_at(self, commitlog_offset: int) -> bytes | None:
@@ -1312,7 +1333,7 @@ class LocalMessageStore:
                 log_.delete_first_file()
             removed.append(file.path.name)
         queue_files = 0
-        with self._put_lock, self._flush_lock:
+        with self._index_lock, self._put_lock, self._flush_lock:
             for queue in self._queues.values():
                 queue_files += queue.delete_files_below(log_.min_offset)
             self._unit_count = sum(q.max_offset - q.min_offset for q in self._queues.values())
