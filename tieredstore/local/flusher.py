@@ -8,8 +8,8 @@ that sync; later ones wait for it to end and then lead or follow the next. Each 
 the waiters of that sync, never a shared crowd. The disk sync runs with the GIL released, so
 producers keep appending (and gathering into the next sync) while it runs.
 
-Every ``flush_interval`` the thread flushes the consume queues and the commit log and writes the
-checkpoint, in both flush modes.
+Every ``flush_interval`` the thread indexes the keys puts recorded, flushes the consume queues, the
+commit log and the key index and writes the checkpoint, in both flush modes (the store's ``flush``).
 """
 
 from __future__ import annotations

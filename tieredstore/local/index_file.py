@@ -1,9 +1,11 @@
-"""The hot store's key index: RocketMQ's own IndexFile under ``<hot>/index/``, written as messages are put.
+"""The hot store's key index: RocketMQ's own IndexFile under ``<hot>/index/``, built off the put path.
 
 Every message key (each of KEYS, and UNIQ_KEY) is added as ``topic#key`` with the record's commit-log
 offset and store timestamp, so a key lookup finds messages the archiver has not moved yet. Files are
 named by creation time (``yyyyMMddHHmmssSSS``, UTC); the newest takes items until it is full, then a
 new one is created. Items are added in commit-log order, so each file covers a run of the commit log.
+A put only records its keys; the store indexes them in batches (``add_many``) in its periodic flush,
+before a key lookup of its own, and on close, as RocketMQ's reput thread feeds its index service.
 
 Writing order makes a live file readable by another process (a follower, the CLI beside a running
 producer): an item is written, then the header that counts it, then the slot that points to it.
@@ -285,7 +287,7 @@ class HotKeyIndex:
 
     ``slot_capacity`` and ``item_capacity`` are the writer's settings; a reader also takes files of
     RocketMQ's default capacities (a broker's store directory). Thread-safe: the writer adds under
-    the store's put lock; lookups run beside it and read the maps as they stand.
+    the store's index lock (one batch at a time); lookups run beside it and read the maps as they stand.
     """
 
     def __init__(self, directory: Path, *, slot_capacity: int, item_capacity: int, writable: bool) -> None:
@@ -396,7 +398,7 @@ class HotKeyIndex:
     # ---- writing -------------------------------------------------------------------------------------
 
     def add(self, topic: str, keys: Sequence[str], physical_offset: int, store_timestamp: int) -> None:
-        """Index one record's keys (the caller serialises adds: the store's put lock)."""
+        """Index one record's keys (the caller serialises adds: the store's index lock)."""
         if not keys:
             return
         hashes = record_key_hashes(topic, keys)
