@@ -169,6 +169,17 @@ sys.stdin.read()
 """
 
 
+def _broker_starting_on(store: Path) -> subprocess.CompletedProcess[str]:
+    """A broker process trying its store lock once and exiting (non-zero when the lock is taken)."""
+    return subprocess.run(
+        [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(store / "lock")],
+        input="",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(tmp_path: Path) -> None:
     config = load_config(
         data_dir=tmp_path / "data",
@@ -202,13 +213,7 @@ def test_a_broker_started_on_the_store_our_writer_holds_is_refused(tmp_path: Pat
     config = load_config(data_dir=tmp_path / "data")
     with open_hot_store(config, mode="writer") as hot:
         hot.put_message("Orders", 0, b"ours")
-        broker = subprocess.run(
-            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
-            input="",
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        broker = _broker_starting_on(config.hot_dir)
     assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker's tryLock finds the store taken"
     assert "BlockingIOError" in broker.stderr or "PermissionError" in broker.stderr
 
@@ -223,11 +228,5 @@ def test_the_writers_broker_lock_outlives_other_descriptors_of_its_lock_file_in_
         assert writer_lock_held(config.hot_dir)
         with pytest.raises(StoreLockedError):
             open_hot_store(config, mode="writer")
-        broker = subprocess.run(
-            [sys.executable, "-c", _LOCK_LIKE_A_BROKER, str(config.hot_dir / "lock")],
-            input="",
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        broker = _broker_starting_on(config.hot_dir)
     assert broker.returncode != 0 and "locked" not in broker.stdout, "the broker still finds the store taken"
