@@ -24,6 +24,10 @@ def _configure(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         compare_server_default=True,
+        # Our SQLite connections BEGIN explicitly (tieredstore.metadata.engine), so their DDL is transactional
+        # too: every pending revision runs in one transaction, and a process killed part way through a first
+        # migration leaves an empty database that the next start creates again, not one stuck between revisions.
+        transactional_ddl=True,
     )
 
 

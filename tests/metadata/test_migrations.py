@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import alembic.op
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -38,6 +39,43 @@ def test_upgrade_empty_database_to_head_and_downgrade_to_base(metadata_url: str)
     assert not (_tables(metadata_url) & TABLES)
     upgrade(metadata_url)  # and back up again: the downgrade left nothing behind that blocks it
     assert current(metadata_url) == head()
+
+
+def test_an_upgrade_that_fails_part_way_changes_nothing_and_the_next_start_creates_the_database(
+    metadata_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last revision fails after its first step, as a process killed in the middle of it would stop.
+    def fail(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("killed in the middle of a migration")
+
+    monkeypatch.setattr(alembic.op, "execute", fail)
+    with pytest.raises(RuntimeError, match="killed in the middle"):
+        upgrade(metadata_url)
+    assert current(metadata_url) is None, "no revision was committed on its own"
+    assert not (_tables(metadata_url) & TABLES)
+    monkeypatch.undo()
+    upgrade(metadata_url)
+    assert current(metadata_url) == head()
+
+
+def test_a_first_start_killed_while_creating_the_embedded_database_is_created_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    script = (
+        "import alembic.op, sys\n"
+        "from tieredstore.metadata import MetadataStore\n"
+        "def killed(*args, **kwargs):\n"
+        "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
+        "alembic.op.execute = killed\n"
+        "MetadataStore.open(sys.argv[1])\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, check=False)
+    assert killed.returncode == -9, killed.stderr
+    store = MetadataStore.open(url)  # a brand-new database again, not one stuck at an older revision
+    try:
+        assert store.get_or_create_topic("Orders").reserve_hours == 72
+    finally:
+        store.close()
+    assert current(url) == head()
 
 
 def test_models_and_head_revision_agree(metadata_url: str) -> None:
