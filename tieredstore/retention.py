@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from tieredstore.flat.append_file import FlatAppendFile
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
@@ -86,20 +85,6 @@ def retention_ms(topic: TopicInfo) -> int:
     return topic.reserve_seconds * 1000
 
 
-def _rolls(flat_file: FlatAppendFile, now_ms: int | None) -> bool:
-    """Whether a pass at ``now_ms`` rolls the file's open segment first (also for a read-only view, whose
-    segments are all closed: the archiver's copy of it would roll)."""
-    if now_ms is None or flat_file.rolling_interval_ms is None or not flat_file.segments:
-        return False
-    last = flat_file.segments[-1]
-    return (
-        last.commit_position > 0
-        and last.min_timestamp is not None
-        and now_ms - last.min_timestamp >= flat_file.rolling_interval_ms
-        and not (last.is_closed and not flat_file.read_only)
-    )
-
-
 def _expired_head(
     segments: list[FileSegment], before_timestamp: int, *, limit_offset: int | None = None, rolls: bool = False
 ) -> list[FileSegment]:
@@ -122,7 +107,11 @@ async def plan_queue(flat_file: FlatMessageFile, before_timestamp: int, *, now_m
     With ``now_ms``: after ``flat_file.roll_if_due(now_ms)``, as a retention pass does it.
     """
     queue_segments = flat_file.consume_queue.segments
-    expired_units = _expired_head(queue_segments, before_timestamp, rolls=_rolls(flat_file.consume_queue, now_ms))
+    expired_units = _expired_head(
+        queue_segments,
+        before_timestamp,
+        rolls=now_ms is not None and flat_file.consume_queue.should_roll_by_time(now_ms),
+    )
     min_after = flat_file.min_offset
     if expired_units:
         min_after = (
@@ -134,7 +123,10 @@ async def plan_queue(flat_file: FlatMessageFile, before_timestamp: int, *, now_m
     if flat_file.archived_offset > min_after:
         limit = (await flat_file.consume_queue.read_unit(min_after)).commitlog_offset
     expired_records = _expired_head(
-        flat_file.commit_log.segments, before_timestamp, limit_offset=limit, rolls=_rolls(flat_file.commit_log, now_ms)
+        flat_file.commit_log.segments,
+        before_timestamp,
+        limit_offset=limit,
+        rolls=now_ms is not None and flat_file.commit_log.should_roll_by_time(now_ms),
     )
     return QueueRetention(
         flat_file.topic,

@@ -275,13 +275,14 @@ class FlatAppendFile:
         """The open segment holds data and began at least the rolling interval before ``now_ms``, whatever its size.
 
         An empty open segment never rolls: a roll seals a segment, and a sealed empty one could not be
-        written again nor rolled (see ``roll``).
+        written again nor rolled (see ``roll``). A read-only view, whose segments are all closed, answers
+        for the writer's copy of it (what a retention pass there would roll).
         """
         if not self.segments or self.rolling_interval_ms is None:
             return False
         last = self.segments[-1]
         return (
-            not last.is_closed
+            (self.read_only or not last.is_closed)
             and last.append_position > 0
             and last.min_timestamp is not None
             and now_ms - last.min_timestamp >= self.rolling_interval_ms
