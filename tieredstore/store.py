@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import struct
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -42,8 +42,10 @@ from tieredstore.fetcher import (
     check_record,
 )
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import MIN_RECORD_SIZE, PROPERTY_UNIQ_KEY, decode
+from tieredstore.formats.message import MIN_RECORD_SIZE, decode
 from tieredstore.formats.naming import hot_file_name, validate_topic
+from tieredstore.index.service import newest_first
+from tieredstore.local.index_file import record_index_keys
 from tieredstore.local.store import LocalMessageStore, PutResult, RetentionReport
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime, open_runtime
@@ -244,7 +246,7 @@ class AsyncTieredMessageStore:
         try:
             topic_info = await asyncio.to_thread(self.runtime.metadata.get_topic, topic)
         except NotFoundError:
-            return _newest_first(found.values(), max_count)  # never archived: only the hot store holds it
+            return newest_first(found.values(), max_count)  # never archived: only the hot store holds it
         read: dict[tuple[int, int], FetchedMessage] = {}
 
         async def confirm(topic_id: int, queue_id: int, queue_offset: int) -> Sequence[str]:
@@ -263,7 +265,7 @@ class AsyncTieredMessageStore:
         )
         for hit in hits:
             found.setdefault((hit.queue_id, hit.queue_offset), read[(hit.queue_id, hit.queue_offset)])
-        return _newest_first(found.values(), max_count)
+        return newest_first(found.values(), max_count)
 
     async def look_message_by_offset(
         self, offset: int | str, *, topic: str | None = None, queue_id: int | None = None
@@ -342,17 +344,7 @@ class AsyncTieredMessageStore:
 
 def real_keys(message: FetchedMessage) -> list[str]:
     """The keys a message is indexed by: KEYS split on spaces, and UNIQ_KEY."""
-    keys = list(message.record.keys)
-    unique = message.record.properties.get(PROPERTY_UNIQ_KEY)
-    if unique:
-        keys.append(unique)
-    return keys
-
-
-def _newest_first(messages: Iterable[FetchedMessage], max_count: int) -> list[FetchedMessage]:
-    """The ``max_count`` most recently stored of ``messages``, newest first."""
-    ordered = sorted(messages, key=lambda m: (m.record.store_timestamp, m.queue_id, m.queue_offset), reverse=True)
-    return ordered[:max_count]
+    return list(record_index_keys(message.record))
 
 
 def _hot_record_size(hot: LocalMessageStore, commitlog_offset: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -42,6 +42,8 @@ from tieredstore.errors import NotFoundError, SegmentNotFoundError, ValidationEr
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.message import MessageRecord
+from tieredstore.index.service import newest_first
+from tieredstore.local.index_file import record_index_keys
 from tieredstore.runtime import open_runtime
 
 TierChoice = Literal["auto", "hot", "cold"]
@@ -437,7 +439,7 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
             topic_info = await asyncio.to_thread(runtime.metadata.get_topic, topic)
         except NotFoundError:
             if hot_knows_topic:
-                return _newest_first(found.values(), max_count)  # not archived yet: the hot store answered
+                return newest_first(found.values(), max_count)  # not archived yet: the hot store answered
             raise
         node = ReadNode(runtime.config, runtime.metadata, runtime.provider, runtime.flat, None)
         queues: dict[int, FlatMessageFile] = {}
@@ -448,7 +450,7 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
                 return []
             known = found.get((queue_id, queue_offset))
             if known is not None:
-                return _record_keys(known.record)
+                return record_index_keys(known.record)
             flat_file = queues.get(queue_id)
             if flat_file is None:
                 reader = await QueueReader.open(node, topic, queue_id)
@@ -463,23 +465,10 @@ async def _query_key(cli: CliState, topic: str, key: str, begin: int, end: int, 
                 return []
             record = decode_message(raws[0], where=f"cold {topic}/{queue_id} at queue offset {queue_offset}")
             read[(queue_id, queue_offset)] = ReadMessage("cold", raws[0], record)
-            return _record_keys(record)
+            return record_index_keys(record)
 
         for cold_hit in await runtime.keys.query(topic, topic_info.id, key, max_count, begin, end, confirm):
             where = (cold_hit.queue_id, cold_hit.queue_offset)
             if where not in found:
                 found[where] = read[where]
-        return _newest_first(found.values(), max_count)
-
-
-def _record_keys(record: MessageRecord) -> list[str]:
-    unique = record.unique_key
-    return [*record.keys, *([unique] if unique else [])]
-
-
-def _newest_first(messages: Iterable[ReadMessage], max_count: int) -> list[ReadMessage]:
-    """The ``max_count`` most recently stored of ``messages``, newest first."""
-    ordered = sorted(
-        messages, key=lambda m: (m.record.store_timestamp, m.record.queue_id, m.record.queue_offset), reverse=True
-    )
-    return ordered[:max_count]
+        return newest_first(found.values(), max_count)

@@ -28,11 +28,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from tieredstore.config import IndexSettings
 from tieredstore.errors import IntegrityError, ReadOnlyError, ValidationError
 from tieredstore.formats.index_file import key_hash
+from tieredstore.formats.message import MessageRecord
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index.file import (
     CompactedIndexFile,
@@ -201,6 +202,22 @@ class IndexHit:
 
 ConfirmKeys = Callable[[int, int, int], Awaitable[Sequence[str]]]
 """``confirm(topic_id, queue_id, queue_offset)``: the keys the stored message really has ([] if it is gone)."""
+
+
+class _Found(Protocol):
+    @property
+    def record(self) -> MessageRecord: ...
+
+
+FoundT = TypeVar("FoundT", bound=_Found)
+
+
+def newest_first(messages: Iterable[FoundT], max_count: int) -> list[FoundT]:
+    """The ``max_count`` most recently stored of ``messages`` found by key (from either tier), newest first."""
+    ordered = sorted(
+        messages, key=lambda m: (m.record.store_timestamp, m.record.queue_id, m.record.queue_offset), reverse=True
+    )
+    return ordered[:max_count]
 
 
 def _now_ms() -> int:
