@@ -250,6 +250,11 @@ class TieredStoreConfig(BaseSettings):
     )
 
     data_dir: Path = DEFAULT_DATA_DIR
+    hot_dir: Path = Field(
+        default_factory=lambda values: values.get("data_dir", DEFAULT_DATA_DIR) / "hot",
+        description="the hot store: default <data_dir>/hot; a RocketMQ broker's storePathRootDir to archive "
+        "that broker (tieredstore run --hot-mode follower)",
+    )
     metadata_url: str | None = Field(default=None, description="default: sqlite:///<data_dir>/metadata.db")
     cold_url: str | None = Field(default=None, description="default: <data_dir>/cold (POSIX)")
     cluster: str = "DefaultCluster"
@@ -274,7 +279,7 @@ class TieredStoreConfig(BaseSettings):
         # Flags (init) beat the environment, which beats the file (passed in as defaults by load_config).
         return (init_settings, env_settings)
 
-    @pydantic.field_validator("data_dir")
+    @pydantic.field_validator("data_dir", "hot_dir")
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
         # "~/x" in a TOML file or a variable means the home directory, as it does typed in a shell.
@@ -296,8 +301,9 @@ class TieredStoreConfig(BaseSettings):
         return self.cold_url or str((self.data_dir / "cold").resolve())
 
     @property
-    def hot_dir(self) -> Path:
-        return self.data_dir / "hot"
+    def hot_dir_given(self) -> bool:
+        """Whether ``hot_dir`` was set (file, environment or flag): a reader then needs a store there."""
+        return "hot_dir" in self.model_fields_set
 
     def s3_options(self) -> dict[str, Any]:
         """Keyword options for an S3 provider, secrets revealed only here, at the point of use."""
