@@ -93,6 +93,8 @@ def test_follower_and_readers_leave_a_broker_store_they_cannot_write_exactly_as_
             found = node(*hot, "query-key", TOPIC, "k-0-12", output="json")
             assert found.exit_code == 0, found.stderr
             assert [(m["queue_id"], m["queue_offset"]) for m in found.json_lines()] == [(0, 12)]
+            for command in (("queues", TOPIC), ("tail", TOPIC, "0", "-n", "3"), ("offset-for-time", TOPIC, "1", "now")):
+                assert node(*hot, *command).exit_code == 0, command
             archived_total = asyncio.run(_follower_pass_with_maintenance(node, hot_dir, monkeypatch))
             assert archived_total == 2 * COUNT
         # The instruments work: a writer's open of the same directory is seen, and refused.
