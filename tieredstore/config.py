@@ -292,6 +292,15 @@ class TieredStoreConfig(BaseSettings):
             return value  # a URL, or a path without ~
         return str(_home_expanded(Path(value)))
 
+    @pydantic.model_validator(mode="after")
+    def _keep_data_dir_out_of_hot_dir(self) -> TieredStoreConfig:
+        # data_dir gets tieredstore's own index/, database and cold files: inside a broker's store they
+        # would be written among (or, for index/, into) the files a follower promises never to touch.
+        hot, data = self.hot_dir.resolve(), self.data_dir.resolve()
+        if data == hot or hot in data.parents:
+            raise ValueError(f"data_dir {self.data_dir} must not be hot_dir {self.hot_dir} or inside it")
+        return self
+
     @property
     def effective_metadata_url(self) -> str:
         return self.metadata_url or f"sqlite:///{(self.data_dir / 'metadata.db').resolve()}"

@@ -205,3 +205,13 @@ def test_hot_dir_from_the_environment_and_a_config_file_with_home_expanded(
     monkeypatch.delenv("TIEREDSTORE_HOT_DIR")
     assert load_config(config_file).hot_dir == Path("/var/lib/rocketmq/store")
     assert load_config(config_file, hot_dir=tmp_path / "flag").hot_dir == tmp_path / "flag"
+
+
+def test_a_data_dir_inside_the_hot_dir_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    # tieredstore's own index/, database and cold files go into data_dir: never among a broker's files.
+    store = tmp_path / "store"
+    for data_dir in (store, store / "tieredstore"):
+        result = Node("inside", data_dir)("--hot-dir", str(store), "status")
+        assert result.exit_code == 7, result.stderr
+        assert "must not be hot_dir" in _one_line_error(result.stderr)
+    assert not store.exists()
