@@ -1,8 +1,10 @@
 """``hot_dir`` / ``--hot-dir``: the archiver and the read commands pointed at a broker's storePathRootDir.
 
-A follower and the readers never write into that directory: checked against a copy this process
-cannot write (a read-only tmpfs as root), with every file's hash, size and mtime compared, and every
-attempt to write there recorded by an audit hook even where the system refused it.
+A follower and the readers never write into that directory: checked against a copy they cannot write
+(as root a read-only tmpfs, or a chmod a-w copy and a child without the capabilities that let root
+ignore permission bits; see tests/fixtures/unwritable.py), with every file's hash, size and mtime
+compared, and every attempt of this process to write there recorded by an audit hook even where the
+system refused it.
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import Node
+from tests.archiver.processes import REPO, TIEREDSTORE, child_env
+from tests.cli.helpers import CliResult, Node
 from tests.fixtures.paths import ROCKETMQ_FIXTURES
-from tests.fixtures.unwritable import WriteAudit, left_untouched, tree_state, unwritable_copy
+from tests.fixtures.unwritable import UnwritableCopy, WriteAudit, left_untouched, tree_state, unwritable_copy
 from tieredstore.config import load_config
 from tieredstore.dispatcher import Dispatcher
-from tieredstore.errors import TieredStoreError
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.runtime import open_runtime
@@ -47,6 +51,36 @@ def broker_store(directory: Path, node: Node) -> Path:
     return directory
 
 
+Cli = Callable[..., CliResult]
+
+
+def cli_for(node: Node, copy: UnwritableCopy) -> Cli:
+    """The CLI run by whoever must not write ``copy``: this process, or a confined child (see UnwritableCopy)."""
+    confined = copy.confined
+    if confined is None:
+        return node
+
+    def in_child(*args: str, input: str | None = None, output: str | None = None) -> CliResult:
+        flags = [*node.flags, *(["--output", output] if output else [])]
+        done = subprocess.run(
+            [*confined, *TIEREDSTORE, *flags, *args],
+            input=input.encode() if input is not None else None,
+            env=child_env(node.env),
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        return CliResult(done.returncode, done.stdout, done.stderr.decode("utf-8", "replace"))
+
+    return in_child
+
+
+# As root where mounting is allowed, both ways of making a copy unwritable: a read-only mount, and a
+# confined child on a chmod a-w copy (what a root without the right to mount gets).
+MECHANISMS = pytest.mark.parametrize("mount", [True, False], ids=["read-only-mount", "confined-child"])
+
+
 async def _follower_pass_with_maintenance(node: Node, hot_dir: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """One archiving pass and one maintenance pass (hot and cold retention, index upload) in follower mode."""
     for name, value in node.env.items():
@@ -70,41 +104,46 @@ def test_follower_and_readers_leave_a_broker_store_they_cannot_write_exactly_as_
     node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = broker_store(tmp_path / "broker", node)
-    with unwritable_copy(store, tmp_path / "mounted") as hot_dir:
-        before = tree_state(hot_dir)
+    with unwritable_copy(store, tmp_path / "mounted") as copy:
+        hot_dir, cli = copy.root, cli_for(node, copy)
         hot = ["--hot-dir", str(hot_dir)]
         with left_untouched(hot_dir):
-            archived = node(*hot, "run", "--hot-mode", "follower", "--once", "--no-demo", output="json")
+            archived = cli(*hot, "run", "--hot-mode", "follower", "--once", "--no-demo", output="json")
             assert archived.exit_code == 0, archived.stderr
             assert json.loads(archived.stdout.splitlines()[-1])["messages"] == 2 * COUNT
-            status = node(*hot, "status", output="json")
+            status = cli(*hot, "status", output="json")
             assert status.exit_code == 0, status.stderr
             assert {(r["queue_id"], r["hot_max"], r["archived"], r["lag"]) for r in status.json()["rows"]} == {
                 (0, COUNT, COUNT, 0),
                 (1, COUNT, COUNT, 0),
             }
-            read = node(*hot, "read", TOPIC, "1", "--offset", "37", "-n", "10", "--tier", "hot", output="json")
+            read = cli(*hot, "read", TOPIC, "1", "--offset", "37", "-n", "10", "--tier", "hot", output="json")
             assert read.exit_code == 0, read.stderr
             assert [(m["queue_offset"], m["tier"]) for m in read.json_lines()] == [
                 (37, "hot"),
                 (38, "hot"),
                 (39, "hot"),
             ]
-            found = node(*hot, "query-key", TOPIC, "k-0-12", output="json")
+            found = cli(*hot, "query-key", TOPIC, "k-0-12", output="json")
             assert found.exit_code == 0, found.stderr
             assert [(m["queue_id"], m["queue_offset"]) for m in found.json_lines()] == [(0, 12)]
             for command in (("queues", TOPIC), ("tail", TOPIC, "0", "-n", "3"), ("offset-for-time", TOPIC, "1", "now")):
-                assert node(*hot, *command).exit_code == 0, command
+                assert cli(*hot, *command).exit_code == 0, command
             archived_total = asyncio.run(_follower_pass_with_maintenance(node, hot_dir, monkeypatch))
             assert archived_total == 2 * COUNT
-        # The instruments work: a writer's open of the same directory is seen, and refused.
-        with WriteAudit(hot_dir) as control, pytest.raises((TieredStoreError, OSError)):
-            LocalMessageStore(hot_dir)
-        assert any(attempt.startswith("open ") and attempt.endswith("/lock") for attempt in control.attempts)
-        assert tree_state(hot_dir) == before
+        # The instruments work: a writer is refused, and in this process its attempt is seen.
+        before = tree_state(hot_dir)
+        with WriteAudit(hot_dir) as control:
+            refused = cli(*hot, "put", TOPIC, "0", input="refused\n")
+        assert refused.exit_code != 0 and tree_state(hot_dir) == before
+        if copy.confined is None:
+            assert any(attempt.startswith("open ") and attempt.endswith("/lock") for attempt in control.attempts)
 
 
-def test_readers_of_a_rocketmq_written_store_leave_it_exactly_as_it_was(posix: Node, tmp_path: Path) -> None:
+@MECHANISMS
+def test_readers_of_a_rocketmq_written_store_leave_it_exactly_as_it_was(
+    posix: Node, tmp_path: Path, mount: bool
+) -> None:
     # Written by an independent RocketMQ store (see tests/fixtures/rocketmq/README.md); its checkpoint says
     # nothing is flushed yet, so the follower archives nothing and says why, but reads serve it.
     source = tmp_path / "rust-store"
@@ -113,18 +152,18 @@ def test_readers_of_a_rocketmq_written_store_leave_it_exactly_as_it_was(posix: N
     posix.env["TIEREDSTORE_HOT__INDEX_SLOT_COUNT"] = "32"  # its index file's sizes
     posix.env["TIEREDSTORE_HOT__INDEX_MAX_ITEMS"] = "128"
     del posix.env["TIEREDSTORE_HOT__COMMIT_LOG_FILE_SIZE"]
-    with unwritable_copy(source, tmp_path / "mounted") as hot_dir, left_untouched(hot_dir):
-        hot = ["--hot-dir", str(hot_dir)]
-        archived = posix(*hot, "run", "--hot-mode", "follower", "--once", "--no-demo", output="json")
+    with unwritable_copy(source, tmp_path / "mounted", mount=mount) as copy, left_untouched(copy.root):
+        hot, cli = ["--hot-dir", str(copy.root)], cli_for(posix, copy)
+        archived = cli(*hot, "run", "--hot-mode", "follower", "--once", "--no-demo", output="json")
         assert archived.exit_code == 0, archived.stderr
         assert json.loads(archived.stdout.splitlines()[-1])["messages"] == 0
-        read = posix(*hot, "read", "V1UpgradeTopic", "0", "--offset", "0", "-n", "10", "--tier", "hot", output="json")
+        read = cli(*hot, "read", "V1UpgradeTopic", "0", "--offset", "0", "-n", "10", "--tier", "hot", output="json")
         assert read.exit_code == 0, read.stderr
         assert [m["body"] for m in read.json_lines()] == ["v0.9.0-message-0", "v0.9.0-message-1"]
-        found = posix(*hot, "query-key", "V1UpgradeTopic", "v1-upgrade-key", output="json")
+        found = cli(*hot, "query-key", "V1UpgradeTopic", "v1-upgrade-key", output="json")
         assert found.exit_code == 0, found.stderr
         assert ("v0.9.0-message-0", "hot") in [(m["body"], m["tier"]) for m in found.json_lines()]
-        status = posix(*hot, "status", output="json")
+        status = cli(*hot, "status", output="json")
         assert status.exit_code == 0, status.stderr
         assert [(r["topic"], r["hot_max"]) for r in status.json()["rows"]] == [("V1UpgradeTopic", 2)]
 
