@@ -250,6 +250,11 @@ class TieredStoreConfig(BaseSettings):
     )
 
     data_dir: Path = DEFAULT_DATA_DIR
+    hot_dir: Path = Field(
+        default_factory=lambda values: values.get("data_dir", DEFAULT_DATA_DIR) / "hot",
+        description="the hot store: default <data_dir>/hot; a RocketMQ broker's storePathRootDir to archive "
+        "that broker (tieredstore run --hot-mode follower)",
+    )
     metadata_url: str | None = Field(default=None, description="default: sqlite:///<data_dir>/metadata.db")
     cold_url: str | None = Field(default=None, description="default: <data_dir>/cold (POSIX)")
     cluster: str = "DefaultCluster"
@@ -274,7 +279,7 @@ class TieredStoreConfig(BaseSettings):
         # Flags (init) beat the environment, which beats the file (passed in as defaults by load_config).
         return (init_settings, env_settings)
 
-    @pydantic.field_validator("data_dir")
+    @pydantic.field_validator("data_dir", "hot_dir")
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
         # "~/x" in a TOML file or a variable means the home directory, as it does typed in a shell.
@@ -287,6 +292,15 @@ class TieredStoreConfig(BaseSettings):
             return value  # a URL, or a path without ~
         return str(_home_expanded(Path(value)))
 
+    @pydantic.model_validator(mode="after")
+    def _keep_data_dir_out_of_hot_dir(self) -> TieredStoreConfig:
+        # data_dir gets tieredstore's own index/, database and cold files: inside a broker's store they
+        # would be written among (or, for index/, into) the files a follower promises never to touch.
+        hot, data = self.hot_dir.resolve(), self.data_dir.resolve()
+        if data == hot or hot in data.parents:
+            raise ValueError(f"data_dir {self.data_dir} must not be hot_dir {self.hot_dir} or inside it")
+        return self
+
     @property
     def effective_metadata_url(self) -> str:
         return self.metadata_url or f"sqlite:///{(self.data_dir / 'metadata.db').resolve()}"
@@ -296,8 +310,9 @@ class TieredStoreConfig(BaseSettings):
         return self.cold_url or str((self.data_dir / "cold").resolve())
 
     @property
-    def hot_dir(self) -> Path:
-        return self.data_dir / "hot"
+    def hot_dir_given(self) -> bool:
+        """Whether ``hot_dir`` was set (file, environment or flag): a reader then needs a store there."""
+        return "hot_dir" in self.model_fields_set
 
     def s3_options(self) -> dict[str, Any]:
         """Keyword options for an S3 provider, secrets revealed only here, at the point of use."""

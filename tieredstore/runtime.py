@@ -25,6 +25,7 @@ from tieredstore.index.service import namespace_path
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.store_dir import refuse_non_directory
 from tieredstore.local.store_lock import writer_lock_held
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
@@ -78,6 +79,7 @@ def open_hot_store(
     """
     if mode not in ("auto", "writer", "follower"):
         raise ConfigError(f"hot mode must be auto, writer or follower, not {mode!r}")
+    refuse_non_directory(config.hot_dir)
     local_config = local_store_config(config)
     if mode == "follower" or (mode == "auto" and writer_lock_held(config.hot_dir)):
         return HotStoreFollower(config.hot_dir, config=local_config)

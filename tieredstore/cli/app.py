@@ -90,6 +90,10 @@ def root(
     data_dir: Annotated[
         Path | None, typer.Option(help="Data directory: hot store, SQLite metadata, default cold dir.")
     ] = None,
+    hot_dir: Annotated[
+        Path | None,
+        typer.Option(help="Hot store (default <data-dir>/hot): a RocketMQ broker's storePathRootDir to archive it."),
+    ] = None,
     metadata_url: Annotated[
         str | None, typer.Option(help="sqlite:///path.db or postgresql+psycopg://user@host/db")
     ] = None,
@@ -102,7 +106,7 @@ def root(
 ) -> None:
     """Global options apply to every command."""
     configure_logging("DEBUG" if debug else "WARNING", json=log_json)
-    flags = {"data_dir": data_dir, "metadata_url": metadata_url, "cold_url": cold_url}
+    flags = {"data_dir": data_dir, "hot_dir": hot_dir, "metadata_url": metadata_url, "cold_url": cold_url}
     ctx.obj = CliState(output=Output(output), debug=debug, config_path=config, flags=flags)
 
 

@@ -27,6 +27,7 @@ from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import MessageRecord, decode, verify_record
 from tieredstore.formats.naming import FileType, validate_topic
 from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.store_dir import hot_store_at
 from tieredstore.metadata import (
     MetadataStore,
     QueuePosition,
@@ -66,8 +67,11 @@ def open_metadata_for_reading(config: TieredStoreConfig) -> MetadataStore:
 
 
 def open_hot_for_reading(config: TieredStoreConfig) -> LocalMessageStore | None:
-    """The node's hot store opened read-only (beside a running archiver), or None when there is none."""
-    if not (config.hot_dir / "commitlog").is_dir():
+    """The node's hot store opened read-only (beside a running archiver), or None when there is none.
+
+    A ``hot_dir`` the user set must be a store (``hot_store_at``); the default may be absent (a cold-only node).
+    """
+    if not hot_store_at(config.hot_dir, required=config.hot_dir_given):
         return None
     return LocalMessageStore(config.hot_dir, config=local_store_config(config), read_only=True)
 
@@ -86,6 +90,9 @@ class ReadNode:
 @asynccontextmanager
 async def open_read_node(config: TieredStoreConfig, *, hot: bool = False, cold: bool = True) -> AsyncIterator[ReadNode]:
     """Metadata, the cold provider (``cold``) and the hot store read-only (``hot``); closed in reverse."""
+    if hot:
+        # Before the metadata is opened (which may create the embedded database): a bad hot_dir changes nothing.
+        hot_store_at(config.hot_dir, required=config.hot_dir_given)
     async with AsyncExitStack() as stack:
         metadata = await asyncio.to_thread(open_metadata_for_reading, config)
         stack.callback(metadata.close)

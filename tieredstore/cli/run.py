@@ -37,6 +37,7 @@ from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
 from tieredstore.leases import LeaseManager, SingleArchiverLock
 from tieredstore.local import LocalMessageStore, PutRequest
 from tieredstore.local.follower import HotStoreFollower
+from tieredstore.local.store_dir import refuse_non_directory
 from tieredstore.metadata.engine import parse_url
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import HotMode, open_runtime
@@ -248,6 +249,7 @@ async def _hot_store_exists(cli: CliState, config: TieredStoreConfig, options: R
     hot store there is nothing to archive now, and it says so as an error.
     """
     hot_dir = config.hot_dir
+    refuse_non_directory(hot_dir)  # a regular file never becomes a hot store: waiting for it would be forever
     if options.hot_mode != "follower" or options.once or hot_dir.is_dir():
         return True
     cli.output.note(f"waiting for the hot store {hot_dir}: its writer has not created it yet")

@@ -246,7 +246,8 @@ class _FollowedQueue:
             self.min_offset = self.max_offset
             return
         first = self.files[0]
-        if self.max_offset <= self.min_offset:
+        # A broker's retention may also have deleted every file past the last checked unit: start over as new.
+        if self.max_offset <= self.min_offset or first.start_offset // UNIT_SIZE > self.max_offset:
             # Nothing checked yet: the first unit may be anywhere in the first file (a rebased queue),
             # and the units before the commit log's first file point at data retention deleted.
             # A first file of zeros holds no unit yet (the writer sizes a file before writing into it,
