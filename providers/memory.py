@@ -5,22 +5,32 @@ Two providers built from the same URL see the same bytes, so a test can "restart
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 from tieredstore.errors import CommitConflictError
 from tieredstore.formats.naming import FileType, parse_segment_name
-from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
 
 _VOLUMES: dict[str, dict[str, bytearray]] = {}
+# Last write of each key, epoch ms, per volume: kept beside the bytes so tests can keep indexing volumes.
+_MODIFIED: dict[str, dict[str, int]] = {}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class MemorySegment(FileSegment):
     """A segment whose bytes live in a bytearray of its provider's volume."""
 
-    def __init__(self, volume: dict[str, bytearray], segment_id: SegmentId, **kwargs: int | None) -> None:
+    def __init__(
+        self, volume: dict[str, bytearray], modified: dict[str, int], segment_id: SegmentId, **kwargs: int | None
+    ) -> None:
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._volume = volume
+        self._modified = modified
 
     async def _real_size(self) -> int:
         data = self._volume.get(self.key)
@@ -30,10 +40,13 @@ class MemorySegment(FileSegment):
         return self.key in self._volume
 
     async def _create(self) -> None:
-        self._volume.setdefault(self.key, bytearray())
+        if self.key not in self._volume:
+            self._volume[self.key] = bytearray()
+            self._modified[self.key] = _now_ms()
 
     async def _destroy(self) -> None:
         self._volume.pop(self.key, None)
+        self._modified.pop(self.key, None)
 
     async def _read(self, position: int, length: int) -> bytes:
         return bytes(self._volume.get(self.key, b"")[position : position + length])
@@ -47,12 +60,16 @@ class MemorySegment(FileSegment):
         overlap = bytes(stored[position : position + len(data)])
         if overlap != data[: len(overlap)]:
             raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
-        stored.extend(data[len(overlap) :])
+        if len(overlap) < len(data):
+            stored.extend(data[len(overlap) :])
+            self._modified[self.key] = _now_ms()
+        self._modified.setdefault(self.key, _now_ms())
 
     async def _truncate(self, size: int) -> None:
         stored = self._volume.get(self.key)
-        if stored is not None:
+        if stored is not None and size < len(stored):
             del stored[size:]
+            self._modified[self.key] = _now_ms()
 
 
 class MemoryProvider(Provider):
@@ -64,6 +81,7 @@ class MemoryProvider(Provider):
         super().__init__(url)
         name = url.split("://", 1)[-1]
         self.volume = _VOLUMES.setdefault(name, {})
+        self.modified = _MODIFIED.setdefault(name, {})
 
     def segment(
         self,
@@ -76,6 +94,7 @@ class MemoryProvider(Provider):
     ) -> MemorySegment:
         return MemorySegment(
             self.volume,
+            self.modified,
             SegmentId(file_type, check_logical_path(path), base_offset),
             commit_position=commit_position,
             max_size=max_size,
@@ -93,10 +112,22 @@ class MemoryProvider(Provider):
         children = {key[len(prefix) :].split("/", 1)[0] for key in self.volume if key.startswith(prefix)}
         return sorted(children)
 
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        check_logical_path(path, allow_root=True)
+        prefix = f"{path}/" if path else ""
+        return [
+            # A key a test wrote into the volume directly has no recorded write: it counts as written now.
+            StoredObject(key, len(data), self.modified.get(key, _now_ms()))
+            for key, data in sorted(self.volume.items())
+            if key == path or key.startswith(prefix)
+        ]
+
     @staticmethod
     def wipe(name: str | None = None) -> None:
         """Forget one volume (or all): for test isolation."""
         if name is None:
             _VOLUMES.clear()
+            _MODIFIED.clear()
         else:
             _VOLUMES.pop(name, None)
+            _MODIFIED.pop(name, None)
