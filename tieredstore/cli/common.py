@@ -137,7 +137,7 @@ def archivers_seen_running(config: TieredStoreConfig, metadata: MetadataStore) -
         os.kill(pid, 0)
     except (OSError, ValueError):
         return seen  # no lock file, or its holder is gone (PermissionError: another user's, rare: ignored)
-    return [*seen, f"an archiver (pid {pid})"]
+    return [*seen, f"pid {pid} on the SQLite lock"]
 
 
 # ---- archived queues as recorded -------------------------------------------------------------------
