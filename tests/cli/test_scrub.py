@@ -244,8 +244,9 @@ def test_delete_with_a_window_of_an_hour_removes_what_is_older_on_posix(
     cold = posix.data_dir / "cold"
     for _, location in old.orphans:
         os.utime(cold / location, (two_hours_ago, two_hours_ago))
-    result = posix("scrub", "--delete", "--older-than", "1h", output="json")
+    result = posix("scrub", "--delete", "--older-than", "1h", "--progress", output="json")
     assert result.exit_code == 0, result.stderr
+    assert "scrub: listing" in result.stderr and "4/4" in result.stderr  # 2 queues, the folders, the key index
     report = result.json()
     assert report["dry_run"] is False
     assert by_action(report, "deleted") == old.orphans and by_action(report, "kept") == young.orphans

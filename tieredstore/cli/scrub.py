@@ -48,7 +48,7 @@ def _progress(cli: CliState, enabled: bool) -> Progress:
         TimeElapsedColumn(),
         console=cli.output.err,
         disable=not enabled,
-        transient=True,
+        transient=False,
     )
 
 
