@@ -22,22 +22,9 @@ from tieredstore.cli.common import (
     parse_duration,
     run,
 )
+from tieredstore.cli.inspect import human_age
 from tieredstore.metrics import Metrics
 from tieredstore.scrub import Action, Scrubber, ScrubReport, ScrubScope
-
-_UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
-
-
-def _age(ms: int) -> str:
-    """An age for people: its two largest units (``3h12m``), ``0s`` for less than a second."""
-    parts: list[str] = []
-    for unit, size in _UNITS_MS:
-        if ms >= size or (parts and len(parts) < 2):
-            parts.append(f"{ms // size}{unit}")
-            ms %= size
-        if len(parts) == 2:
-            break
-    return "".join(parts) or "0s"
 
 
 def _progress(cli: CliState, enabled: bool) -> Progress:
@@ -119,7 +106,7 @@ def _print(cli: CliState, report: ScrubReport, older_than: str) -> None:
         # One line each, like verify's problems: a table would fold the long keys.
         cli.output.line(
             f"{orphan.action.value} {orphan.location} ({orphan.size} bytes, last written "
-            f"{iso(orphan.last_modified)}, {_age(report.now_ms - orphan.last_modified)} ago): "
+            f"{iso(orphan.last_modified)}, {human_age(report.now_ms - orphan.last_modified)} ago): "
             f"{orphan.kind.value}: {orphan.reason}"
         )
     for note in report.notes:
