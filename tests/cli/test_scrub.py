@@ -23,7 +23,7 @@ from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.config import TieredStoreConfig, load_config
 from tieredstore.formats.naming import FileType, index_path, queue_path, segment_key
 from tieredstore.leases import SingleArchiverLock
-from tieredstore.metadata import MetadataStore, SegmentStatus
+from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import ListsObjects, Provider
 from tieredstore.runtime import open_cold_provider
@@ -316,3 +316,17 @@ def test_a_garbage_window_is_one_line_exit_2_and_nothing_is_listed_or_deleted(
         assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
         assert "is not a duration" in result.stderr
     assert listing(config) == before
+
+
+def test_a_segment_a_cut_short_retention_left_deleting_is_an_orphan(posix: Node) -> None:
+    """Retention deletes the objects, then marks the row DELETED: cut in between, the objects stay behind."""
+    archived(posix)
+    with MetadataStore(metadata_url(posix)) as metadata:
+        first = metadata.list_segments(QUEUE, FileType.COMMIT_LOG.value)[0]
+        metadata.update_segment(
+            SegmentUpdate(QUEUE, FileType.COMMIT_LOG.value, first.base_offset, status=SegmentStatus.DELETING)
+        )
+    report = posix("scrub", TOPIC, output="json").json()
+    (orphan,) = report["orphans"]
+    assert (orphan["kind"], orphan["base_offset"], orphan["size"]) == ("segment", first.base_offset, first.size)
+    assert orphan["reason"].endswith("(its row is DELETING)")
