@@ -13,9 +13,16 @@ from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
 
-_VOLUMES: dict[str, dict[str, bytearray]] = {}
-# Last write of each key, epoch ms, per volume: kept beside the bytes so tests can keep indexing volumes.
-_MODIFIED: dict[str, dict[str, int]] = {}
+
+class Volume(dict[str, bytearray]):
+    """The bytes of each key, and (``modified``) the epoch ms of each key's last write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modified: dict[str, int] = {}
+
+
+_VOLUMES: dict[str, Volume] = {}
 
 
 def _now_ms() -> int:
@@ -25,12 +32,11 @@ def _now_ms() -> int:
 class MemorySegment(FileSegment):
     """A segment whose bytes live in a bytearray of its provider's volume."""
 
-    def __init__(
-        self, volume: dict[str, bytearray], modified: dict[str, int], segment_id: SegmentId, **kwargs: int | None
-    ) -> None:
+    def __init__(self, volume: dict[str, bytearray], segment_id: SegmentId, **kwargs: int | None) -> None:
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._volume = volume
-        self._modified = modified
+        # A plain dict (a volume someone built by hand) keeps no write times: they are not asked of it.
+        self._modified: dict[str, int] = volume.modified if isinstance(volume, Volume) else {}
 
     async def _real_size(self) -> int:
         data = self._volume.get(self.key)
@@ -80,8 +86,7 @@ class MemoryProvider(Provider):
     def __init__(self, url: str = "memory://default") -> None:
         super().__init__(url)
         name = url.split("://", 1)[-1]
-        self.volume = _VOLUMES.setdefault(name, {})
-        self.modified = _MODIFIED.setdefault(name, {})
+        self.volume = _VOLUMES.setdefault(name, Volume())
 
     def segment(
         self,
@@ -94,7 +99,6 @@ class MemoryProvider(Provider):
     ) -> MemorySegment:
         return MemorySegment(
             self.volume,
-            self.modified,
             SegmentId(file_type, check_logical_path(path), base_offset),
             commit_position=commit_position,
             max_size=max_size,
@@ -117,7 +121,7 @@ class MemoryProvider(Provider):
         prefix = f"{path}/" if path else ""
         return [
             # A key a test wrote into the volume directly has no recorded write: it counts as written now.
-            StoredObject(key, len(data), self.modified.get(key, _now_ms()))
+            StoredObject(key, len(data), self.volume.modified.get(key, _now_ms()))
             for key, data in sorted(self.volume.items())
             if key == path or key.startswith(prefix)
         ]
@@ -127,7 +131,5 @@ class MemoryProvider(Provider):
         """Forget one volume (or all): for test isolation."""
         if name is None:
             _VOLUMES.clear()
-            _MODIFIED.clear()
         else:
             _VOLUMES.pop(name, None)
-            _MODIFIED.pop(name, None)
