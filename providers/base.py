@@ -15,7 +15,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 from tieredstore.errors import CommitConflictError, SizeUnknownError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType, segment_key
@@ -67,6 +67,29 @@ class ByteRange:
     @property
     def end(self) -> int:
         return self.start + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One object of cold storage as a listing shows it: its key under the provider root, its size
+    and when it was last written (epoch milliseconds, as storage reports it)."""
+
+    key: str
+    size: int
+    last_modified: int
+
+
+@runtime_checkable
+class ListsObjects(Protocol):
+    """A provider that lists stored objects with their sizes and last-modified times (every shipped one)."""
+
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        """Every object stored at or under the logical ``path`` ('' is the root), recursively, by key.
+
+        A provider that stores a segment as one file lists that file under the segment's key; one that
+        stores it in pieces lists each piece under ``<segment key>/``. A missing path lists nothing.
+        """
+        ...
 
 
 class FileSegment(abc.ABC):
@@ -417,7 +440,9 @@ __all__ = [
     "AppendResult",
     "ByteRange",
     "FileSegment",
+    "ListsObjects",
     "Provider",
     "SegmentId",
     "SizeUnknownError",
+    "StoredObject",
 ]

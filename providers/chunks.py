@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import datetime as dt
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,10 +26,11 @@ from tieredstore.errors import (
     CommitConflictError,
     SegmentNotFoundError,
     SizeUnknownError,
+    StorageError,
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, parse_segment_name
-from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
 
 CREATED_MARKER = ".created"
@@ -40,6 +42,17 @@ _CHUNK_NAME = re.compile(r"[0-9]{20}")
 def chunk_name(start: int) -> str:
     """The object name of the chunk starting at byte ``start``: 20 zero-padded digits, so names sort."""
     return f"{start:020d}"
+
+
+def epoch_ms(value: dt.datetime | float | int | str) -> int:
+    """A last-modified time as object stores report it (a datetime, ISO-8601 text, or epoch seconds) in
+    epoch milliseconds; a naive datetime is UTC."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+        return int(moment.timestamp() * 1000)
+    return int(value * 1000)
 
 
 def parse_chunk_name(name: str) -> int | None:
@@ -130,6 +143,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def list_folders(self, folder: str) -> list[str]:
         """Names of the folders directly inside ``folder`` ('' is the root)."""
+
+    async def list_tree(self, folder: str) -> list[StoredObject]:
+        """Every object under ``folder`` ('' the root), recursively, keyed from the store's root, with its
+        size and last-modified time. Not abstract so that a store written before it still opens; the
+        shipped stores implement it."""
+        raise StorageError(f"{type(self).__name__} cannot list objects with their last-modified times")
 
     @abc.abstractmethod
     async def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -306,6 +325,11 @@ class ChunkedProvider(Provider):
     async def list_children(self, path: str) -> list[str]:
         check_logical_path(path, allow_root=True)
         return sorted(await self.store.list_folders(path))
+
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        check_logical_path(path, allow_root=True)
+        # A segment is a folder of chunks here: nothing is stored at a segment's own key.
+        return sorted(await self.store.list_tree(path), key=lambda stored: stored.key)
 
     async def close(self) -> None:
         await self.store.close()

@@ -44,7 +44,8 @@ from tieredstore.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
+from tieredstore.providers.base import StoredObject
+from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
 
 T = TypeVar("T")
 
@@ -75,6 +76,18 @@ def _is_precondition_failure(error: BaseException) -> bool:
         response = getattr(error.__cause__, "response", None)
         return isinstance(response, dict) and response.get("Error", {}).get("Code") == "PreconditionFailed"
     return False
+
+
+# Where filesystems put an entry's last write: s3fs, fsspec's local filesystem, adlfs, gcsfs, memory.
+_MODIFIED_FIELDS = ("LastModified", "mtime", "last_modified", "updated", "created")
+
+
+def _modified_ms(info: dict[str, Any], what: str) -> int:
+    for name in _MODIFIED_FIELDS:
+        value = info.get(name)
+        if value is not None:
+            return epoch_ms(value)
+    raise StorageError(f"{what}: the filesystem does not report when {info.get('name')!r} was last written")
 
 
 def _base_name(entry_name: str) -> str:
@@ -186,6 +199,32 @@ class FsspecObjectStore(ObjectStore):
             ObjectInfo(_base_name(entry["name"]), int(entry.get("size") or 0))
             for entry in await self._entries(folder)
             if entry.get("type") == "file"
+        ]
+
+    async def list_tree(self, folder: str) -> list[StoredObject]:
+        path = self._path(folder)
+        what = f"list {self.protocol}://{path}"
+
+        async def find_async(fs: Any) -> dict[str, dict[str, Any]]:
+            fs.invalidate_cache(path)
+            try:
+                return dict(await fs._find(path, detail=True))
+            except FileNotFoundError:
+                return {}
+
+        def find_sync(fs: Any) -> dict[str, dict[str, Any]]:
+            fs.invalidate_cache(path)
+            try:
+                return dict(fs.find(path, detail=True))
+            except FileNotFoundError:
+                return {}
+
+        found = await self._run(what, find_async, find_sync)
+        strip = len(self.root) + 1 if self.root else 0
+        return [
+            StoredObject(name.rstrip("/")[strip:], int(info.get("size") or 0), _modified_ms(info, what))
+            for name, info in found.items()
+            if info.get("type") == "file"
         ]
 
     async def list_folders(self, folder: str) -> list[str]:

@@ -5,14 +5,28 @@ Two providers built from the same URL see the same bytes, so a test can "restart
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 from tieredstore.errors import CommitConflictError
 from tieredstore.formats.naming import FileType, parse_segment_name
-from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
 
-_VOLUMES: dict[str, dict[str, bytearray]] = {}
+
+class Volume(dict[str, bytearray]):
+    """The bytes of each key, and (``modified``) the epoch ms of each key's last write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modified: dict[str, int] = {}
+
+
+_VOLUMES: dict[str, Volume] = {}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class MemorySegment(FileSegment):
@@ -21,6 +35,8 @@ class MemorySegment(FileSegment):
     def __init__(self, volume: dict[str, bytearray], segment_id: SegmentId, **kwargs: int | None) -> None:
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._volume = volume
+        # A plain dict (a volume someone built by hand) keeps no write times: they are not asked of it.
+        self._modified: dict[str, int] = volume.modified if isinstance(volume, Volume) else {}
 
     async def _real_size(self) -> int:
         data = self._volume.get(self.key)
@@ -30,10 +46,13 @@ class MemorySegment(FileSegment):
         return self.key in self._volume
 
     async def _create(self) -> None:
-        self._volume.setdefault(self.key, bytearray())
+        if self.key not in self._volume:
+            self._volume[self.key] = bytearray()
+            self._modified[self.key] = _now_ms()
 
     async def _destroy(self) -> None:
         self._volume.pop(self.key, None)
+        self._modified.pop(self.key, None)
 
     async def _read(self, position: int, length: int) -> bytes:
         return bytes(self._volume.get(self.key, b"")[position : position + length])
@@ -47,12 +66,16 @@ class MemorySegment(FileSegment):
         overlap = bytes(stored[position : position + len(data)])
         if overlap != data[: len(overlap)]:
             raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
-        stored.extend(data[len(overlap) :])
+        if len(overlap) < len(data):
+            stored.extend(data[len(overlap) :])
+            self._modified[self.key] = _now_ms()
+        self._modified.setdefault(self.key, _now_ms())
 
     async def _truncate(self, size: int) -> None:
         stored = self._volume.get(self.key)
-        if stored is not None:
+        if stored is not None and size < len(stored):
             del stored[size:]
+            self._modified[self.key] = _now_ms()
 
 
 class MemoryProvider(Provider):
@@ -63,7 +86,7 @@ class MemoryProvider(Provider):
     def __init__(self, url: str = "memory://default") -> None:
         super().__init__(url)
         name = url.split("://", 1)[-1]
-        self.volume = _VOLUMES.setdefault(name, {})
+        self.volume = _VOLUMES.setdefault(name, Volume())
 
     def segment(
         self,
@@ -92,6 +115,16 @@ class MemoryProvider(Provider):
         prefix = f"{path}/" if path else ""
         children = {key[len(prefix) :].split("/", 1)[0] for key in self.volume if key.startswith(prefix)}
         return sorted(children)
+
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        check_logical_path(path, allow_root=True)
+        prefix = f"{path}/" if path else ""
+        return [
+            # A key a test wrote into the volume directly has no recorded write: it counts as written now.
+            StoredObject(key, len(data), self.volume.modified.get(key, _now_ms()))
+            for key, data in sorted(self.volume.items())
+            if key == path or key.startswith(prefix)
+        ]
 
     @staticmethod
     def wipe(name: str | None = None) -> None:

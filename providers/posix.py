@@ -16,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Iterator
 from typing import ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -30,7 +31,7 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, parse_segment_name
-from tieredstore.providers.base import FileSegment, Provider, SegmentId
+from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
 
 T = TypeVar("T")
@@ -290,3 +291,28 @@ class PosixProvider(Provider):
     async def list_children(self, path: str) -> list[str]:
         check_logical_path(path, allow_root=True)
         return sorted(await self._scan(path, directories=True))
+
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        check_logical_path(path, allow_root=True)
+
+        def walk() -> list[StoredObject]:
+            top = self.resolve(path) if path else self.root
+            found: list[StoredObject] = []
+            if os.path.isfile(top):
+                info = os.stat(top)
+                return [StoredObject(path, info.st_size, info.st_mtime_ns // 1_000_000)]
+            # Symlinks are neither followed nor listed: nothing this provider writes is one.
+            for folder, _folders, names in os.walk(top):
+                relative = os.path.relpath(folder, self.root).replace(os.sep, "/")
+                for name in names:
+                    info = os.stat(os.path.join(folder, name), follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        key = name if relative == "." else f"{relative}/{name}"
+                        found.append(StoredObject(key, info.st_size, info.st_mtime_ns // 1_000_000))
+            return sorted(found, key=lambda stored: stored.key)
+
+        def guarded() -> list[StoredObject]:
+            with _translate_os_errors(f"list {path!r}"):
+                return walk()
+
+        return await asyncio.to_thread(guarded)

@@ -66,7 +66,8 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.checksum import crc32
-from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore
+from tieredstore.providers.base import StoredObject
+from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
 from tieredstore.providers.paths import check_logical_path
 from tieredstore.providers.s3_direct import DirectRequests, DirectRequestUnusable, capture_sent_url, last_sent_url
 
@@ -460,18 +461,23 @@ class S3ObjectStore(ObjectStore):
                     return await asyncio.to_thread(operation, client)
         raise AssertionError("tenacity ends with a result or an exception")  # pragma: no cover
 
-    async def _list(self, folder: str, *, max_keys: int | None = None) -> tuple[list[ObjectInfo], list[str]]:
+    async def _list(
+        self, folder: str, *, max_keys: int | None = None, recursive: bool = False
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """The listing entries (``Contents``) and folder names directly in ``folder``, or, ``recursive``,
+        every entry under it (no folders)."""
         prefix = self._folder(folder)
-        files: list[ObjectInfo] = []
+        files: list[dict[str, Any]] = []
         folders: list[str] = []
         token: str | None = None
         while True:
             arguments: dict[str, Any] = {
                 "Bucket": self._bucket,
                 "Prefix": prefix,
-                "Delimiter": "/",
                 "MaxKeys": max_keys or self._options.list_page_size,
             }
+            if not recursive:
+                arguments["Delimiter"] = "/"
             if token is not None:
                 arguments["ContinuationToken"] = token
 
@@ -479,7 +485,7 @@ class S3ObjectStore(ObjectStore):
                 return cast(dict[str, Any], await client.list_objects_v2(**arguments))
 
             page = await self._call(f"list {self._where(prefix)}", list_page)
-            files += [ObjectInfo(item["Key"][len(prefix) :], int(item["Size"])) for item in page.get("Contents", [])]
+            files += page.get("Contents", [])
             folders += [item["Prefix"][len(prefix) :].rstrip("/") for item in page.get("CommonPrefixes", [])]
             token = page.get("NextContinuationToken")
             if max_keys is not None or not page.get("IsTruncated") or token is None:
@@ -489,7 +495,15 @@ class S3ObjectStore(ObjectStore):
         return f"s3://{self._bucket}/{key}"
 
     async def list_files(self, folder: str) -> list[ObjectInfo]:
-        return (await self._list(folder))[0]
+        prefix = self._folder(folder)
+        return [ObjectInfo(item["Key"][len(prefix) :], int(item["Size"])) for item in (await self._list(folder))[0]]
+
+    async def list_tree(self, folder: str) -> list[StoredObject]:
+        strip = len(self._prefix) + 1 if self._prefix else 0
+        entries = (await self._list(folder, recursive=True))[0]
+        return [
+            StoredObject(item["Key"][strip:], int(item["Size"]), epoch_ms(item["LastModified"])) for item in entries
+        ]
 
     async def list_folders(self, folder: str) -> list[str]:
         return (await self._list(folder))[1]

@@ -10,7 +10,8 @@ callable opening a provider on one fresh, empty root (the same root on every cal
             return lambda: MyProvider(f"my://{tmp_path}")
 
 Capabilities are class attributes. A provider that does not claim one sets it to False and the
-tests needing it are not collected (rather than skipped): ``supports_truncate``,
+tests needing it are not collected (rather than skipped): ``supports_truncate``, ``lists_objects``
+(``list_objects`` gives every stored object with its size and last-modified time, ``ListsObjects``),
 ``supports_conditional_create`` (a commit never overwrites committed bytes: a second writer with
 other bytes is refused with CommitConflictError), ``confines_paths`` (bad logical paths raise
 PathEscapeError). The suite needs pytest and pytest-asyncio (``asyncio_mode = "auto"``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -34,10 +36,11 @@ from tieredstore.errors import (
     CommitConflictError,
     PathEscapeError,
     SizeUnknownError,
+    StorageError,
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, queue_path
-from tieredstore.providers.base import MIB, AppendResult, FileSegment, Provider
+from tieredstore.providers.base import MIB, AppendResult, FileSegment, ListsObjects, Provider, StoredObject
 
 F = TypeVar("F", bound=Callable[..., Any])
 ProviderFactory = Callable[[], Provider]
@@ -46,6 +49,7 @@ COMMIT_LOG = FileType.COMMIT_LOG
 CONSUME_QUEUE = FileType.CONSUME_QUEUE
 QUEUE = queue_path("DefaultCluster", "broker-a", "TopicTest", 0)
 UNICODE_QUEUE = queue_path("集群-ñ", "brøker-ü", "тема_主题", 3)
+CLOCK_SLACK_MS = 5_000
 ESCAPING_PATHS = [
     "../outside",
     "queue/../../outside",
@@ -158,6 +162,11 @@ class FaultyProvider(Provider):
     async def list_children(self, path: str) -> list[str]:
         return await self.inner.list_children(path)
 
+    async def list_objects(self, path: str) -> list[StoredObject]:
+        if not isinstance(self.inner, ListsObjects):
+            raise StorageError(f"{self.inner!r} cannot list objects with their last-modified times")
+        return await self.inner.list_objects(path)
+
     async def close(self) -> None:
         await self.inner.close()
 
@@ -192,6 +201,7 @@ class ProviderTests:
     """Behaviour every provider must show. Subclasses supply the ``make_provider`` fixture."""
 
     supports_truncate: ClassVar[bool] = True
+    lists_objects: ClassVar[bool] = True
     supports_conditional_create: ClassVar[bool] = True
     confines_paths: ClassVar[bool] = True
 
@@ -485,6 +495,31 @@ class ProviderTests:
         assert await provider.list_segments("no-such/folder", COMMIT_LOG) == []
         await provider.segment(COMMIT_LOG, QUEUE, 1000).destroy()
         assert await provider.list_segments(QUEUE, COMMIT_LOG) == [0, 4294937144]
+
+    @requires("lists_objects")
+    async def test_list_objects_gives_each_segments_bytes_and_last_write(self, provider: Provider) -> None:
+        assert isinstance(provider, ListsObjects)
+        # Storage stamps writes with its own clock, to the second on S3: allow for both.
+        before = time.time_ns() // 1_000_000 - CLOCK_SLACK_MS
+        records = await committed(provider.segment(COMMIT_LOG, QUEUE, 0), b"abc", b"defg")
+        units = await committed(provider.segment(CONSUME_QUEUE, QUEUE, 40), b"u" * 20)
+        after = time.time_ns() // 1_000_000 + CLOCK_SLACK_MS
+
+        def bytes_of(objects: list[StoredObject], key: str) -> int:
+            return sum(o.size for o in objects if o.key == key or o.key.startswith(f"{key}/"))
+
+        everything = await provider.list_objects("")
+        assert [o.key for o in everything] == sorted(o.key for o in everything)
+        assert (bytes_of(everything, records.key), bytes_of(everything, units.key)) == (7, 20)
+        assert sum(o.size for o in everything) == 27  # nothing else holds bytes
+        assert all(before <= o.last_modified <= after for o in everything), (before, everything, after)
+        one = await provider.list_objects(records.key)
+        assert one and bytes_of(one, records.key) == 7 and len(one) < len(everything)
+        assert await provider.list_objects(QUEUE) == everything
+        assert await provider.list_objects("no-such/folder") == []
+        await records.destroy()
+        assert await provider.list_objects(records.key) == []
+        assert bytes_of(await provider.list_objects(""), units.key) == 20
 
     # ---- truncation, restart, size ---------------------------------------------------------------
 

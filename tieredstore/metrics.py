@@ -87,6 +87,15 @@ class Metrics:
             "Queues (or key-index passes) whose retention failed on a maintenance pass; the next pass retries",
             registry=r,
         )
+        self.scrub_deleted_objects = Counter(
+            "tieredstore_scrub_deleted_objects",
+            "Orphans (segments, or sealed segments' tails) deleted by scrub",
+            ["file_type"],
+            registry=r,
+        )
+        self.scrub_deleted_bytes = Counter(
+            "tieredstore_scrub_deleted_bytes", "Bytes of orphans deleted by scrub", ["file_type"], registry=r
+        )
         self.cache_hits = Counter("tieredstore_read_ahead_hits", "Read-ahead cache hits", registry=r)
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)

@@ -12,20 +12,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
+from tieredstore.errors import ArchiverRunningError, CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import MessageRecord, decode, verify_record
 from tieredstore.formats.naming import FileType, validate_topic
+from tieredstore.leases import SingleArchiverLock
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.local.store_dir import hot_store_at
 from tieredstore.metadata import (
@@ -105,6 +107,44 @@ async def open_read_node(config: TieredStoreConfig, *, hot: bool = False, cold: 
             provider, metadata, cluster=config.cluster, broker=config.broker, settings=flat_file_settings(config)
         )
         yield ReadNode(config, metadata, provider, flat, hot_store)
+
+
+@contextmanager
+def no_archiver_running(config: TieredStoreConfig, action: str) -> Iterator[None]:
+    """Refuse to change cold storage beside a running archiver (its queues are open; it would write them
+    again): with SQLite, hold its lock file meanwhile, so none can start either; with any database,
+    refuse while an archiver's heartbeat is live (scale-out archivers hold leases, not the lock).
+
+    Checked before anything else is opened (retention's runtime recovers, and so writes, cold files).
+    """
+    with ExitStack() as stack:
+        lock = SingleArchiverLock.for_url(config.effective_metadata_url, action=action)
+        if lock is not None:
+            stack.enter_context(lock)
+        with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
+            live = metadata.live_archivers()
+        if live:
+            raise ArchiverRunningError(
+                f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them "
+                f"before {action} (a stopped archiver's heartbeat expires within its lease duration)"
+            )
+        yield
+
+
+def archivers_seen_running(config: TieredStoreConfig, metadata: MetadataStore) -> list[str]:
+    """The archivers that look alive on this metadata, found without taking their lock (a read-only
+    command must not keep one from starting): live heartbeats, and with SQLite the lock file's last
+    holder when that process still exists."""
+    seen = metadata.live_archivers()
+    lock = SingleArchiverLock.for_url(config.effective_metadata_url)
+    if lock is None:
+        return seen
+    try:
+        pid = int(lock.path.read_text(encoding="ascii").strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return seen  # no lock file, or its holder is gone (PermissionError: another user's, rare: ignored)
+    return [*seen, f"pid {pid} on the SQLite lock"]
 
 
 # ---- archived queues as recorded -------------------------------------------------------------------

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import archived_queue, checked_topic, iso, open_read_node, parse_duration, run, segment_rows
-from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import ArchiverRunningError, ValidationError
-from tieredstore.leases import SingleArchiverLock
-from tieredstore.metadata import MetadataStore, TopicStatus
+from tieredstore.cli.common import (
+    archived_queue,
+    checked_topic,
+    iso,
+    no_archiver_running,
+    open_read_node,
+    parse_duration,
+    run,
+    segment_rows,
+)
+from tieredstore.errors import ValidationError
+from tieredstore.metadata import TopicStatus
 from tieredstore.retention import (
     QueueRetention,
     RetentionReport,
@@ -78,30 +83,8 @@ def delete(
             await runtime.flat.destroy_topic(topic)
             return {"topic": topic, "queues": len(queues), "deleted": True}
 
-    with _no_archiver_running(cli.config, f"deleting topic {topic!r}"):
+    with no_archiver_running(cli.config, f"deleting topic {topic!r}"):
         cli.output.record("deleted", run(go()))
-
-
-@contextlib.contextmanager
-def _no_archiver_running(config: TieredStoreConfig, action: str) -> Iterator[None]:
-    """Refuse to change cold storage beside a running archiver (its queues are open; it would write them
-    again): with SQLite, hold its lock file meanwhile, so none can start either; with any database,
-    refuse while an archiver's heartbeat is live (scale-out archivers hold leases, not the lock).
-
-    Checked before anything else is opened (retention's runtime recovers, and so writes, cold files).
-    """
-    with contextlib.ExitStack() as stack:
-        lock = SingleArchiverLock.for_url(config.effective_metadata_url, action=action)
-        if lock is not None:
-            stack.enter_context(lock)
-        with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
-            live = metadata.live_archivers()
-        if live:
-            raise ArchiverRunningError(
-                f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them "
-                f"before {action} (a stopped archiver's heartbeat expires within its lease duration)"
-            )
-        yield
 
 
 def _rows(report: RetentionReport) -> list[dict[str, Any]]:
@@ -167,7 +150,7 @@ def retention(
     if dry_run:
         report = run(go())
     else:
-        with _no_archiver_running(
+        with no_archiver_running(
             cli.config, "applying retention (a running archiver applies it on its maintenance pass)"
         ):
             report = run(go())

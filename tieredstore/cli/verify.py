@@ -52,10 +52,19 @@ from tieredstore.flat.checker import check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE
-from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, index_path, segment_key
-from tieredstore.index.catalogue import MetadataIndexCatalogue
-from tieredstore.index.service import IndexFileStatus, namespace_path
+from tieredstore.formats.naming import FileType, segment_key
+from tieredstore.index.service import IndexFileStatus
 from tieredstore.metadata import QueuePosition, SegmentRecord, SegmentStatus
+from tieredstore.orphans import (
+    NO_CATALOGUE_ROW,
+    NO_LIVE_ROW,
+    abandoned_tail,
+    broker_folder,
+    index_namespaces,
+    orphan_folders,
+    uncatalogued_index_files,
+    unrecorded_segments,
+)
 
 UNIT_BATCH = 8192
 
@@ -139,16 +148,8 @@ async def verify_archive(
 
 async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
     """Uploaded index files of every namespace against their objects, and INDEX objects nobody catalogued."""
-    root = index_path(node.config.cluster, node.config.broker)
-    # The catalogue's own naming says which rows are whose; a namespace's folder whose rows are all
-    # gone still sits in storage beside the root's INDEX folder.
-    namespaces = await asyncio.to_thread(MetadataIndexCatalogue(node.metadata, root).namespaces)
-    children = await node.provider.list_children(root)
-    namespaces |= {child for child in children if child != FileType.INDEX.value}
-    for namespace in sorted({"", *namespaces}):
-        folder = namespace_path(root, namespace)
-        catalogue = MetadataIndexCatalogue(node.metadata, folder)
-        files = {record.file_id: record for record in await asyncio.to_thread(catalogue.list_files)}
+    config = node.config
+    for folder, files in await index_namespaces(node.metadata, node.provider, config.cluster, config.broker):
         for file_id, record in sorted(files.items()):
             if record.status is not IndexFileStatus.UPLOAD:
                 continue
@@ -164,20 +165,16 @@ async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
             else:
                 kind, detail = "SIZE_MISMATCH", f"{recorded}, the provider holds {real}"
             report.problems.append(Problem(kind, key, detail, file_type=FileType.INDEX.value, base_offset=file_id))
-        for file_id in await node.provider.list_segments(folder, FileType.INDEX):
+        stored = await node.provider.list_segments(folder, FileType.INDEX)
+        for file_id in uncatalogued_index_files(stored, files):
             key = segment_key(folder, FileType.INDEX, file_id)
+            report.problems.append(
+                Problem("ORPHAN_OBJECT", key, NO_CATALOGUE_ROW, file_type=FileType.INDEX.value, base_offset=file_id)
+            )
+        for file_id in stored:
             known = files.get(file_id)
-            if known is None:
-                report.problems.append(
-                    Problem(
-                        "ORPHAN_OBJECT",
-                        key,
-                        "the provider holds this index file but the key-index catalogue has no row for it",
-                        file_type=FileType.INDEX.value,
-                        base_offset=file_id,
-                    )
-                )
-            elif known.status is not IndexFileStatus.UPLOAD:
+            if known is not None and known.status is not IndexFileStatus.UPLOAD:
+                key = segment_key(folder, FileType.INDEX, file_id)
                 report.notes.append(f"{key}: index file {known.status.value}, its upload is in progress")
 
 
@@ -226,7 +223,6 @@ async def _check_objects(
     report: VerifyReport,
     problem: Any,
 ) -> None:
-    known = {r.base_offset for r in records}
     for index, row in enumerate(records):
         report.segments += 1
         key = segment_key(path, kind, row.base_offset)
@@ -243,25 +239,22 @@ async def _check_objects(
             problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
         elif index == len(records) - 1 and row.status is SegmentStatus.NEW:
             report.notes.append(f"{key}: {real - row.size} bytes past the recorded size (a commit not yet recorded)")
-        elif row.status is SegmentStatus.SEALED and (
-            index == len(records) - 1 or records[index + 1].base_offset == row.base_offset + row.size
-        ):
-            # Recovery under leases cuts by sealing here and going on in a new segment (abandon_tail).
+        elif abandoned_tail(records, index, real):
+            # An orphan (scrub removes it) that no read reaches: a note, not a problem.
             report.notes.append(
                 f"{key}: {real - row.size} bytes past the recorded size of this sealed segment, left in place "
                 "by a recovery under leases (never read)"
             )
         else:
             problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
-    for base_offset in await node.provider.list_segments(path, kind):
-        if base_offset not in known:
-            problem(
-                "ORPHAN_OBJECT",
-                "the provider holds this segment but metadata has no live row for it",
-                location=segment_key(path, kind, base_offset),
-                file_type=kind.value,
-                base_offset=base_offset,
-            )
+    for base_offset in unrecorded_segments(await node.provider.list_segments(path, kind), records):
+        problem(
+            "ORPHAN_OBJECT",
+            NO_LIVE_ROW,
+            location=segment_key(path, kind, base_offset),
+            file_type=kind.value,
+            base_offset=base_offset,
+        )
 
 
 def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: Any) -> None:
@@ -389,36 +382,11 @@ async def _find_orphan_folders(
     node: ReadNode, topic: str | None, known: set[tuple[str, int]], report: VerifyReport
 ) -> None:
     """Topic and queue folders in storage that metadata knows nothing of."""
-    broker_path = f"{cluster_folder(node.config.cluster)}/{node.config.broker}"
-    known_topics = {t for t, _ in known}
-    names = await node.provider.list_children(broker_path)
-    for name in sorted(names):
-        if name == INDEX_TOPIC or (topic is not None and name != topic):
-            continue
-        queue_names = await node.provider.list_children(f"{broker_path}/{name}")
-        for queue_name in sorted(queue_names):
-            if queue_name.isdigit() and (name, int(queue_name)) in known:
-                continue
-            location = f"{broker_path}/{name}/{queue_name}"
-            holds = [
-                kind.value
-                for kind in (FileType.COMMIT_LOG, FileType.CONSUME_QUEUE)
-                if queue_name.isdigit() and await node.provider.list_segments(location, kind)
-            ]
-            if not holds and queue_name.isdigit():
-                continue
-            detail = (
-                "the topic is not in the metadata store" if name not in known_topics else "the queue is not in metadata"
-            )
-            report.problems.append(
-                Problem(
-                    "ORPHAN_OBJECT",
-                    location,
-                    f"{detail}; it holds {', '.join(holds) or 'files'}",
-                    name,
-                    int(queue_name) if queue_name.isdigit() else None,
-                )
-            )
+    broker_path = broker_folder(node.config.cluster, node.config.broker)
+    for folder in await orphan_folders(node.provider, broker_path, topic, known):
+        report.problems.append(
+            Problem("ORPHAN_OBJECT", folder.location, folder.describe(), folder.topic, folder.queue_id)
+        )
 
 
 @app.command("verify")
