@@ -413,17 +413,22 @@ def tag_hash_of(properties: bytes) -> int:
     return tag_hash(properties[start : end if end >= 0 else len(properties)].decode("utf-8", "replace"))
 
 
+def record_tag_hashes(batch: HotBatch, properties_at: Int64Array, count: int) -> Int64Array:
+    """The tag hash a writer gives each of the first ``count`` records (``tag_hash_of`` their properties),
+    computed only for the records whose properties hold TAGS: the rest are 0."""
+    hashes = np.zeros(count, dtype=np.int64)
+    for index in batch.records_holding([_TAGS_MARKER]):
+        if index < count:
+            start = int(batch.starts[index])
+            end = start + int(batch.units["size"][index])
+            hashes[index] = tag_hash_of(bytes(batch.data[start + int(properties_at[index]) : end]))
+    return hashes
+
+
 def _tag_mismatches(batch: HotBatch, properties_at: Int64Array, checked: int) -> int | None:
     """The first of the first ``checked`` records whose unit tag hash is not its TAGS' hash, or None."""
     tags = batch.units["tag_hash"][:checked].astype(np.int64)
-    suspects = set(np.flatnonzero(tags != 0).tolist())
-    suspects.update(index for index in batch.records_holding([_TAGS_MARKER]) if index < checked)
-    for index in sorted(suspects):
-        start = int(batch.starts[index])
-        properties = bytes(batch.data[start + int(properties_at[index]) : start + int(batch.units["size"][index])])
-        if tag_hash_of(properties) != int(tags[index]):
-            return index
-    return None
+    return _first(record_tag_hashes(batch, properties_at, checked) != tags)
 
 
 def _crc_mismatch(batch: HotBatch, body_at: Int64Array, body_length: Int64Array, checked: int) -> int | None:
