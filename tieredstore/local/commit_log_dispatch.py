@@ -205,30 +205,31 @@ class CommitLogDispatch:
                 members = np.flatnonzero((groups == group) & dispatched[:taken])
                 if len(members):
                     rebuilt.append((key, members))
-        if rebuilt:
-            tag_hashes = record_tag_hashes(run, layout.properties_at, taken)
-            run.units["tag_hash"][:taken] = tag_hashes
-        checked: list[tuple[QueueKey, np.ndarray, int]] = []
+        checked: list[tuple[QueueKey, HotBatch, np.ndarray]] = []
         for key, members in rebuilt:
             units = self.queues.get(key)
             first = int(heads["queue_offset"][members[0]])
+            # A queue starts at its first record met, and starts again after a gap only once retention
+            # dropped all its units (records the scan never reached are gone); otherwise a gap is a problem.
             expected = first if units is None or (units.count == 0 and first > units.end) else units.end
-            bad = followed_problems(_members(run, key, expected, members), key[0].encode("utf-8"))
+            batch = _members(run, key, expected, members)
+            batch.units["tag_hash"] = record_tag_hashes(batch, Layout.of(batch).properties_at, len(batch))
+            bad = followed_problems(batch, key[0].encode("utf-8"))
             if bad is not None:
                 taken = min(taken, int(members[bad]))
-            checked.append((key, members, expected))
+            checked.append((key, batch, members))
         if taken < len(run):
             self._say_stalled(run, taken)
-        for key, members, expected in checked:
-            members = members[members < taken]
-            if not len(members):
+        for key, batch, members in checked:
+            keep = int(np.searchsorted(members, taken))
+            if keep == 0:
                 continue
             units = self.queues.get(key)
             if units is None:
-                units = self.queues[key] = RebuiltUnits(expected)
-            elif expected != units.end:
-                units.restart_at(expected)
-            units.append(run.units[members])
+                units = self.queues[key] = RebuiltUnits(batch.first_offset)
+            elif batch.first_offset != units.end:
+                units.restart_at(batch.first_offset)
+            units.append(batch.units[:keep])
             grown.add(key)
         return taken
 
