@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 
 from tests.cli.helpers import Node, hot_records
+from tests.fixtures.paths import ROCKETMQ_FIXTURES as FIXTURES
+from tests.local.conftest import write_rocketmq_checkpoint
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
 
 TOPIC = "Orders"
@@ -82,3 +84,21 @@ def test_a_follower_of_a_store_with_only_a_commit_log_archives_every_message_onc
         assert len(cold) == len(records)
         assert [c[:28] + c[36:] for c in cold] == [r[:28] + r[36:] for r in records.values()]
     assert snapshot(node.hot_dir) == untouched, "a follower writes nothing into the store it follows"
+
+
+def test_the_java_fixture_which_has_only_a_commit_log_is_archived_whole(node: Node) -> None:
+    # The Java broker's own files: one 8 KiB commit-log file of 47 records of abc/0, no consume queue, no
+    # checkpoint. The broker's checkpoint is written as the broker would after flushing them all.
+    shutil.copytree(Path(FIXTURES) / "java-4x-consumequeuetest", node.hot_dir)
+    write_rocketmq_checkpoint(node.hot_dir, physic_timestamp=1551613204834 + 60_000)
+    run = node("run", "--once", "--hot-mode", "follower", output="json")
+    assert run.exit_code == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["messages"] == 47
+    deep = node("verify", "--deep", output="json")
+    assert deep.exit_code == 0 and deep.json()["problems"] == [], deep.stdout
+    (row,) = node("status", output="json").json()["rows"]
+    assert (row["topic"], row["queue_id"], row["archived"], row["lag"]) == ("abc", 0, 47, 0)
+    read = node("read", "abc", "0", "--offset", "46", "--tier", "cold", output="json").json_lines()
+    assert [(m["queue_offset"], m["tags"], m["body"]) for m in read] == [
+        (46, "TAG1", "Once, there was a chance for me!")
+    ]

@@ -13,7 +13,9 @@ follows them:
   after it; an offset whose file vanished reads as below the min offset (NotFoundError), never as
   a crash;
 * **writer restarts**: a file the writer's recovery replaced (another inode) is mapped again;
-* **an early start**: a directory holding no commit log yet is followed as an empty store.
+* **an early start**: a directory holding no commit log yet is followed as an empty store;
+* **queues without consume-queue files** (a store copied without ``consumequeue/``): their units are
+  rebuilt from the flushed commit log in memory (``tieredstore.local.commit_log_dispatch``).
 
 A unit is served only once the record it points at checks out: magic, TOTALSIZE equal to the unit's
 size, PHYSICALOFFSET equal to the unit's offset, topic, queue id and queue offset of this queue, a
