@@ -26,7 +26,6 @@ import binascii
 import struct
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -43,7 +42,7 @@ from tieredstore.fetcher import (
 )
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, decode
-from tieredstore.formats.naming import hot_file_name, validate_topic
+from tieredstore.formats.naming import validate_topic
 from tieredstore.index.service import newest_first
 from tieredstore.local.index_file import record_index_keys
 from tieredstore.local.store import LocalMessageStore, PutResult, RetentionReport
@@ -314,10 +313,8 @@ class AsyncTieredMessageStore:
                 f"[{hot.commitlog_min_offset}, {hot.commitlog_max_offset}); an archived message is found by "
                 "its key, its queue offset, or its cold commit-log offset with topic and queue_id"
             )
-        size = _hot_record_size(hot, commitlog_offset)
-        unit = ConsumeQueueUnit(commitlog_offset, size, 0)
-        raw = hot.read_record(unit)
-        return _checked_at_offset(raw, unit, "hot")
+        raw = hot.record_at(commitlog_offset)
+        return _checked_at_offset(raw, ConsumeQueueUnit(commitlog_offset, len(raw), 0), "hot")
 
     async def _look_cold(
         self, commitlog_offset: int, host_hex: str | None, topic: str, queue_id: int
@@ -345,25 +342,6 @@ class AsyncTieredMessageStore:
 def real_keys(message: FetchedMessage) -> list[str]:
     """The keys a message is indexed by: KEYS split on spaces, and UNIQ_KEY."""
     return list(record_index_keys(message.record))
-
-
-def _hot_record_size(hot: LocalMessageStore, commitlog_offset: int) -> int:
-    """TOTALSIZE of the hot record at ``commitlog_offset``, read from its commit-log file (RocketMQ layout)."""
-    file_size = hot.config.commit_log_file_size
-    start = commitlog_offset - commitlog_offset % file_size
-    path = Path(hot.root) / "commitlog" / hot_file_name(start)
-    try:
-        with path.open("rb") as handle:
-            handle.seek(commitlog_offset - start)
-            head = handle.read(_HEAD.size)
-    except FileNotFoundError as exc:
-        raise NotFoundError(f"the hot commit-log file holding offset {commitlog_offset} is gone") from exc
-    if len(head) < _HEAD.size:
-        raise NotFoundError(f"no record starts at hot commit-log offset {commitlog_offset}")
-    size, _magic = _HEAD.unpack(head)
-    if size < MIN_RECORD_SIZE or commitlog_offset + size > hot.commitlog_max_offset:
-        raise NotFoundError(f"no record starts at hot commit-log offset {commitlog_offset}")
-    return int(size)
 
 
 def _checked_at_offset(

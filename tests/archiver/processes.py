@@ -69,6 +69,30 @@ def start_producer(seed: int, rate: float, env: dict[str, str], stdout_path: Pat
         )
 
 
+def start_broker_writer(
+    store_dir: Path, seconds: float, rate: float, retention: float, env: dict[str, str], stdout_path: Path
+) -> subprocess.Popen[bytes]:
+    """The broker-like writer (tests.archiver.broker_writer) putting into ``store_dir`` for ``seconds``, its
+    event lines going to ``stdout_path`` and its log to ``stdout_path`` with the suffix ``.err``."""
+    with stdout_path.open("wb") as stdout, stdout_path.with_suffix(".err").open("wb") as stderr:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.archiver.broker_writer",
+                str(store_dir),
+                str(seconds),
+                str(rate),
+                str(retention),
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+
 def scrape(url: str) -> str:
     """The body of an HTTP GET of ``url`` (a /metrics endpoint), as text."""
     with urllib.request.urlopen(url, timeout=5) as response:

@@ -55,12 +55,8 @@ def _settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> d
     if backend.startswith("posix"):
         settings["TIEREDSTORE_COLD_URL"] = tmp_path / "cold"
     else:
-        s3 = request.getfixturevalue("s3_server")
         settings["TIEREDSTORE_COLD_URL"] = request.getfixturevalue("s3_bucket_url")
-        settings["TIEREDSTORE_S3__ENDPOINT_URL"] = s3.endpoint_url
-        settings["TIEREDSTORE_S3__REGION"] = s3.region
-        settings["TIEREDSTORE_S3__ACCESS_KEY_ID"] = s3.access_key_id
-        settings["TIEREDSTORE_S3__SECRET_ACCESS_KEY"] = s3.secret_access_key
+        settings.update(request.getfixturevalue("s3_server").settings())
     if backend.endswith("leases"):
         # PostgreSQL and queue leases, so every restart recovers its queues under the epoch fence (where a
         # cut abandons bytes instead of deleting them). One owner id for all runs: a restarted archiver

@@ -31,6 +31,11 @@ MAGIC_BLANK = 0xCBD43194
 
 SYSFLAG_COMPRESSED = 0x1
 SYSFLAG_MULTI_TAGS = 0x2
+# A transaction's state, in bits 2-3: a prepared or rolled-back message is stored but never dispatched to
+# its consume queue (RocketMQ's dispatch skips it; its queue offset is 0); a committed one is.
+SYSFLAG_TRANSACTION_MASK = 0xC
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
 

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from tieredstore.formats.checksum import crc32
 from tieredstore.local.mapped_file import fsync_directory
 
@@ -110,6 +113,14 @@ class FlushedBound:
     def known(self) -> bool:
         """Whether the file says anything is flushed."""
         return self.offset > 0 or self.stored_until > 0
+
+    def covers(self, ends: npt.NDArray[np.int64], store_timestamps: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which of some records (where each ends in the commit log, when each was stored) this bound says are
+        flushed."""
+        flushed: npt.NDArray[np.bool_] = ends <= self.offset
+        if self.stored_until > 0:
+            flushed |= store_timestamps <= self.stored_until
+        return flushed
 
     @classmethod
     def read(cls, path: Path) -> FlushedBound:

@@ -31,6 +31,16 @@ def parse_host(text: str) -> HostAddress:
     return address
 
 
+def check_commit_log_file_size(file_size: int, max_message_size: int) -> None:
+    """ConfigError unless a commit-log file of ``file_size`` bytes holds a record of ``max_message_size``."""
+    smallest_file = max_message_size + RECORD_OVERHEAD_BOUND + 8
+    if file_size < smallest_file:
+        raise ConfigError(
+            f"commit-log files of {file_size} bytes (commit_log_file_size, or the size of the files already on "
+            f"disk) cannot hold a record of max_message_size {max_message_size}; they must be at least {smallest_file}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class LocalStoreConfig:
     """Everything a LocalMessageStore can be told; validated on construction, frozen afterwards.
@@ -61,12 +71,7 @@ class LocalStoreConfig:
             raise ConfigError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         if self.max_message_size < 1:
             raise ConfigError(f"max_message_size must be positive, not {self.max_message_size}")
-        smallest_file = self.max_message_size + RECORD_OVERHEAD_BOUND + 8
-        if self.commit_log_file_size < smallest_file:
-            raise ConfigError(
-                f"commit_log_file_size {self.commit_log_file_size} cannot hold a record of max_message_size "
-                f"{self.max_message_size}; it must be at least {smallest_file}"
-            )
+        check_commit_log_file_size(self.commit_log_file_size, self.max_message_size)
         if self.consume_queue_units_per_file < 1:
             raise ConfigError("consume_queue_units_per_file must be at least 1")
         if not 1 <= self.max_queues_per_topic <= 1 << 20:

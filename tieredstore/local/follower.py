@@ -13,7 +13,9 @@ follows them:
   after it; an offset whose file vanished reads as below the min offset (NotFoundError), never as
   a crash;
 * **writer restarts**: a file the writer's recovery replaced (another inode) is mapped again;
-* **an early start**: a directory holding no commit log yet is followed as an empty store.
+* **an early start**: a directory holding no commit log yet is followed as an empty store;
+* **queues without consume-queue files** (a store copied without ``consumequeue/``): their units are
+  rebuilt from the flushed commit log in memory (``tieredstore.local.commit_log_dispatch``).
 
 A unit is served only once the record it points at checks out: magic, TOTALSIZE equal to the unit's
 size, PHYSICALOFFSET equal to the unit's offset, topic, queue id and queue offset of this queue, a
@@ -67,8 +69,10 @@ from tieredstore.local.batch import (
     units_from,
 )
 from tieredstore.local.checkpoint import CheckpointSource, FlushedBound
+from tieredstore.local.commit_log_dispatch import CommitLogDispatch, RebuiltUnits
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.durable import DurableEnd
+from tieredstore.local.file_sizes import StoreFileSizes
 from tieredstore.local.flusher import FlushStats
 from tieredstore.local.index_file import HotKeyIndex, whole_record
 from tieredstore.local.mapped_file import release_files_below, release_mapped_pages
@@ -316,6 +320,29 @@ class _FollowedQueue:
         self.files = []
 
 
+class _RebuiltQueue(_FollowedQueue):
+    """A queue with no consume-queue files: its units are the ones ``CommitLogDispatch`` rebuilt, read as a file."""
+
+    def __init__(self, topic: str, queue_id: int, directory: Path, units: RebuiltUnits) -> None:
+        super().__init__(topic, queue_id, directory)
+        self.units = units
+
+    def refresh(self, log_min_offset: int, now: float) -> None:
+        """Take the units the dispatch added, less those whose records retention deleted."""
+        self.refreshed_at = now
+        units = self.units
+        units.drop_below(log_min_offset)
+        self.min_offset, self.max_offset = units.first, units.end
+        size = units.count * UNIT_SIZE
+        self.files = [_Mapping(self.directory, units.first * UNIT_SIZE, units.buffer, (0, 0, size))] if size else []
+
+    def map_next_file(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """The units are the dispatch's to release."""
+
+
 def record_problem(
     raw: bytes, unit: tuple[int, int, int], topic_raw: bytes, queue_id: int, queue_offset: int
 ) -> str | None:
@@ -402,6 +429,8 @@ class HotStoreFollower(LocalMessageStore):
             writable=False,
         )
         self._followed: dict[tuple[str, int], _FollowedQueue] = {}
+        self.file_sizes = StoreFileSizes.learn(self.root, self.config)
+        self._dispatch = CommitLogDispatch(self._has_queue_files)
         self._listed_at = -1.0
         # What the writer's checkpoint says is flushed. Read again at every listing.
         self._flushed = FlushedBound("missing")
@@ -422,6 +451,7 @@ class HotStoreFollower(LocalMessageStore):
             self._flushed_said = (flushed.source, flushed.known)
             self._log_flushed_source(flushed)
         self._flushed = flushed
+        self._rebuild(now)
         base = self.root / "consumequeue"
         if not base.is_dir():
             return
@@ -437,6 +467,23 @@ class HotStoreFollower(LocalMessageStore):
             for queue_dir in queue_dirs:
                 if queue_dir.name.isdigit() and (topic_dir.name, int(queue_dir.name)) not in self._followed:
                     self._follow(topic_dir.name, int(queue_dir.name), now)
+
+    def _rebuild(self, now: float) -> None:
+        """Dispatch the newly flushed records of queues without consume-queue files (``CommitLogDispatch``)."""
+        for key in self._dispatch.advance(self._log.files, self._flushed):
+            followed = self._followed.get(key)
+            if not isinstance(followed, _RebuiltQueue):
+                if followed is not None:
+                    followed.close()  # its directory was there, without a file
+                self._followed[key] = _RebuiltQueue(
+                    *key, self.root / "consumequeue" / key[0] / str(key[1]), self._dispatch.queues[key]
+                )
+        for queue in self._followed.values():
+            if isinstance(queue, _RebuiltQueue):
+                queue.refresh(self._log.min_offset, now)  # the dispatch may have moved its units
+
+    def _has_queue_files(self, topic: str, queue_id: int) -> bool:
+        return bool(list_offset_files(self.root / "consumequeue" / topic / str(queue_id)))
 
     def _log_flushed_source(self, flushed: FlushedBound) -> None:
         """Say once, when it changes, where the durable bound comes from: else an archiver that takes
@@ -784,6 +831,7 @@ class HotStoreFollower(LocalMessageStore):
             for queue in self._followed.values():
                 queue.close()
             self._followed.clear()
+            self._dispatch.close()
             self._log.close()
             self._key_index.close()
 

@@ -65,7 +65,8 @@ from tieredstore.formats.naming import validate_topic
 from tieredstore.local.batch import HotBatch, parse_units, read_written
 from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import CommitLog, ScanStop
-from tieredstore.local.config import LocalStoreConfig
+from tieredstore.local.config import LocalStoreConfig, check_commit_log_file_size
+from tieredstore.local.file_sizes import StoreFileSizes
 from tieredstore.local.flusher import Flusher, FlushStats
 from tieredstore.local.index_file import (
     HotKeyIndex,
@@ -334,8 +335,11 @@ class LocalMessageStore:
             ensure_directory(self.root, "the hot store's directory")
             self._take_lock()
         try:
+            self.file_sizes = StoreFileSizes.learn(self.root, self.config, writer=not read_only)
+            if not read_only:
+                check_commit_log_file_size(self.file_sizes.commit_log, self._max_message_size)
             self._commit_log = CommitLog.load(
-                self.root / "commitlog", file_size=self.config.commit_log_file_size, writable=not read_only
+                self.root / "commitlog", file_size=self.file_sizes.commit_log, writable=not read_only
             )
             self._load_queues()
             self._key_index = HotKeyIndex(
@@ -408,7 +412,7 @@ class LocalMessageStore:
                     topic_dir.name,
                     int(queue_dir.name),
                     queue_dir,
-                    file_size=self.config.consume_queue_file_size,
+                    file_size=self.file_sizes.consume_queue,
                     writable=not self.read_only,
                 )
                 self._queues[(queue.topic, queue.queue_id)] = queue
@@ -420,7 +424,7 @@ class LocalMessageStore:
                 topic,
                 queue_id,
                 self.root / "consumequeue" / topic / str(queue_id),
-                file_size=self.config.consume_queue_file_size,
+                file_size=self.file_sizes.consume_queue,
                 writable=not self.read_only,
             )
             self._queues[(topic, queue_id)] = queue
@@ -1284,6 +1288,14 @@ class LocalMessageStore:
         if not self.read_only:
             self._index_pending()  # the keys of every put that returned are found at once
         return find_records(self._key_index, topic, key, max_count, begin_timestamp, end_timestamp, self._record_at)
+
+    def record_at(self, commitlog_offset: int) -> bytes:
+        """The whole record starting at ``commitlog_offset``, in whichever commit-log file holds it (its header
+        gives its size); NotFoundError when no record of the hot store starts there."""
+        raw = self._record_at(commitlog_offset)
+        if raw is None:
+            raise NotFoundError(f"no record starts at hot commit-log offset {commitlog_offset}")
+        return raw
 
     def _record_at(self, commitlog_offset: int) -> bytes | None:
         """The whole record starting at ``commitlog_offset``; None when no record of the hot store is there."""
