@@ -1167,3 +1167,79 @@ class MetadataStore:
     def delete_index_file(self, name: str) -> None:
         with self._writing("delete an index file") as session:
             session.execute(delete(IndexFile).where(IndexFile.name == name))
+
+    # ---- whole-database copies (rebuilding lost metadata) -------------------------------------------
+
+    def require_empty(self) -> None:
+        """ValidationError naming what the database holds unless it holds no row at all."""
+        with self._reading("count rows") as session:
+            self._refuse_rows(session)
+
+    def _refuse_rows(self, session: Session) -> None:
+        held = {
+            model.__tablename__: count
+            for model in _COPIED_MODELS
+            if (count := int(session.scalar(select(func.count()).select_from(model)) or 0))
+        }
+        if held:
+            rows = ", ".join(f"{count} {table}" for table, count in held.items())
+            raise ValidationError(
+                f"the metadata database {self.url} is not empty ({rows}); rebuild only into an empty database"
+            )
+
+    def adopt_rows(self, source: MetadataStore) -> dict[str, int]:
+        """Write every topic, queue, segment and index-file row of ``source`` into this empty database.
+
+        One transaction, which first checks that this database holds no row at all (``require_empty``;
+        nothing is written otherwise): a rebuild either lands whole or not at all. Row ids are this
+        database's own; a queue's version, lease and epoch start afresh (they describe this database's
+        history, not the data). Returns the rows written per table.
+        """
+        with source._reading("read the rows to copy") as session:
+            topics = list(session.scalars(select(Topic).order_by(Topic.id)))
+            queues = list(session.execute(select(Topic.name, Queue).join(Topic, Topic.id == Queue.topic_id)))
+            segments = list(session.scalars(select(Segment).order_by(Segment.id)))
+            index_files = list(session.scalars(select(IndexFile).order_by(IndexFile.id)))
+        with self._writing("write the rebuilt rows") as session:
+            self._refuse_rows(session)
+            topic_ids: dict[str, int] = {}
+            for topic in topics:
+                row = Topic(
+                    name=topic.name,
+                    reserve_seconds=topic.reserve_seconds,
+                    status=topic.status,
+                    created=topic.created,
+                    updated=topic.updated,
+                )
+                session.add(row)
+                session.flush()
+                topic_ids[row.name] = row.id
+            session.add_all(
+                Queue(
+                    topic_id=topic_ids[name],
+                    queue_id=queue.queue_id,
+                    min_offset=queue.min_offset,
+                    max_offset=queue.max_offset,
+                    updated=queue.updated,
+                    version=0,
+                    epoch=0,
+                )
+                for name, queue in queues
+            )
+            session.add_all(
+                Segment(**{column: getattr(row, column) for column in _SEGMENT_COLUMNS}) for row in segments
+            )
+            session.add_all(
+                IndexFile(**{column: getattr(row, column) for column in _INDEX_FILE_COLUMNS}) for row in index_files
+            )
+        return {
+            "topics": len(topics),
+            "queues": len(queues),
+            "segments": len(segments),
+            "index_files": len(index_files),
+        }
+
+
+_COPIED_MODELS = (Topic, Queue, Segment, IndexFile, Archiver)
+_SEGMENT_COLUMNS = tuple(c.key for c in Segment.__table__.columns if c.key != "id")
+_INDEX_FILE_COLUMNS = tuple(c.key for c in IndexFile.__table__.columns if c.key != "id")
