@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
@@ -38,6 +38,7 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import URL, Connection, Row
@@ -1187,13 +1188,14 @@ class MetadataStore:
                 f"the metadata database {self.url} is not empty ({rows}); rebuild only into an empty database"
             )
 
-    def adopt_rows(self, source: MetadataStore) -> dict[str, int]:
+    def adopt_rows(self, source: MetadataStore, topic_ids: Mapping[str, int]) -> dict[str, int]:
         """Write every topic, queue, segment and index-file row of ``source`` into this empty database.
 
         One transaction, which first checks that this database holds no row at all (``require_empty``;
-        nothing is written otherwise): a rebuild either lands whole or not at all. Row ids are this
-        database's own; a queue's version, lease and epoch start afresh (they describe this database's
-        history, not the data). Returns the rows written per table.
+        nothing is written otherwise): a rebuild either lands whole or not at all. Each topic gets its
+        id from ``topic_ids`` (the key index names topics by id); other row ids are this database's own.
+        A queue's version, lease and epoch start afresh (they describe this database's history, not the
+        data). Returns the rows written per table.
         """
         with source._reading("read the rows to copy") as session:
             topics = list(session.scalars(select(Topic).order_by(Topic.id)))
@@ -1202,9 +1204,9 @@ class MetadataStore:
             index_files = list(session.scalars(select(IndexFile).order_by(IndexFile.id)))
         with self._writing("write the rebuilt rows") as session:
             self._refuse_rows(session)
-            topic_ids: dict[str, int] = {}
             for topic in topics:
                 row = Topic(
+                    id=topic_ids[topic.name],
                     name=topic.name,
                     reserve_seconds=topic.reserve_seconds,
                     status=topic.status,
@@ -1212,8 +1214,12 @@ class MetadataStore:
                     updated=topic.updated,
                 )
                 session.add(row)
-                session.flush()
-                topic_ids[row.name] = row.id
+            session.flush()
+            if topics and self.dialect == "postgresql":
+                # Ids given explicitly do not move the sequence: the next topic created must not reuse one.
+                session.execute(
+                    text("SELECT setval(pg_get_serial_sequence('topics', 'id'), (SELECT max(id) FROM topics))")
+                )
             session.add_all(
                 Queue(
                     topic_id=topic_ids[name],

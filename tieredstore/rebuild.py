@@ -26,15 +26,29 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tieredstore.errors import CorruptRecordError, IntegrityError
+from tieredstore.errors import CorruptRecordError, IntegrityError, NotFoundError
 from tieredstore.flat.listing import ListedSegment, QueueFolder, listed_segments, queue_folders
 from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.consume_queue import UNIT_SIZE
-from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, split_back_to_back, store_timestamp_of
+from tieredstore.formats.index_file import record_key_hashes
+from tieredstore.formats.message import (
+    MIN_RECORD_SIZE,
+    POS_QUEUE_OFFSET,
+    index_keys_of,
+    split_back_to_back,
+    store_timestamp_of,
+)
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index.catalogue import MetadataIndexCatalogue
-from tieredstore.index.format import HEADER_SIZE, CompactedHeader
+from tieredstore.index.format import (
+    COMPACTED_ITEM_SIZE,
+    HEADER_SIZE,
+    CompactedHeader,
+    IndexItem,
+    compacted_item_position,
+    decode_compacted_item_run,
+)
 from tieredstore.index.service import IndexFileRecord, IndexFileStatus, namespace_path
 from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import Provider
@@ -129,8 +143,10 @@ async def rebuild_metadata(
 
         rebuilt = await asyncio.gather(*(one(folder) for folder in folders))
         report.queues = [queue for queue in rebuilt if queue is not None]
-        report.index_files = await _rebuild_index_catalogue(provider, scratch, cluster, broker, now, report.skipped)
-        report.rows = await asyncio.to_thread(target.adopt_rows, scratch)
+        index_files = await _rebuild_index_catalogue(provider, scratch, cluster, broker, now, report.skipped)
+        report.index_files = len(index_files)
+        topic_ids = await _recover_topic_ids(flat, index_files, report.topics)
+        report.rows = await asyncio.to_thread(target.adopt_rows, scratch, topic_ids)
     finally:
         await asyncio.to_thread(scratch.close)
     report.seconds = time.perf_counter() - started
@@ -301,11 +317,12 @@ async def _last_record_start(view: FlatMessageFile, base_offset: int, size: int,
 
 async def _rebuild_index_catalogue(
     provider: Provider, scratch: MetadataStore, cluster: str, broker: str, now: int, skipped: list[str]
-) -> int:
-    """Catalogue every uploaded index file, of the broker's root namespace and of each archiver's namespace."""
+) -> list[tuple[str, IndexFileRecord]]:
+    """Catalogue every uploaded index file, of the broker's root namespace and of each archiver's namespace;
+    returns each with the path it lives under."""
     root = index_path(cluster, broker)
     namespaces = [""] + [child for child in await provider.list_children(root) if child != FileType.INDEX.value]
-    catalogued = 0
+    catalogued = []
     for namespace in namespaces:
         path = namespace_path(root, namespace)
         catalogue = MetadataIndexCatalogue(scratch, path)
@@ -313,7 +330,7 @@ async def _rebuild_index_catalogue(
             record = await _uploaded_index_file(provider, path, file_id, now, skipped)
             if record is not None:
                 await asyncio.to_thread(catalogue.save, record)
-                catalogued += 1
+                catalogued.append((path, record))
     return catalogued
 
 
@@ -343,3 +360,77 @@ async def _uploaded_index_file(
         item_count=header.item_count,
         size=size,
     )
+
+
+# ---- topic ids ---------------------------------------------------------------------------------------
+
+# Items tried per topic id before it is taken for a topic that is gone (its messages expired or deleted).
+_TRIES_PER_TOPIC_ID = 8
+_ITEMS_PER_READ = 4096
+
+
+async def _recover_topic_ids(
+    flat: FlatFileStore, index_files: Sequence[tuple[str, IndexFileRecord]], topics: Sequence[str]
+) -> dict[str, int]:
+    """Each topic's metadata id as the key index recorded it, so that its items still match the topic.
+
+    An index item names its topic by id only. Items are read through, newest file first, until every
+    topic is matched: an item matches the topic whose message at the item's queue and offset has a key
+    hashing, with that topic's name, to the item's hash. A topic no item matches (its messages have no
+    keys) gets an id above every id the items use, so that it is never taken for another topic's items.
+    """
+    found: dict[str, int] = {}
+    tries: dict[int, int] = {}
+    views: dict[tuple[str, int], FlatMessageFile | None] = {}
+    ordered = sorted(index_files, key=lambda entry: (entry[1].end_timestamp or 0, entry[1].file_id), reverse=True)
+    for path, record in ordered:
+        if len(found) == len(topics):
+            break
+        header = record.compacted_header()
+        segment = flat.provider.segment(FileType.INDEX, path, record.file_id, commit_position=record.size)
+        first = compacted_item_position(header.slot_count, 0)
+        for start in range(0, header.item_count, _ITEMS_PER_READ):
+            count = min(_ITEMS_PER_READ, header.item_count - start)
+            position = first + start * COMPACTED_ITEM_SIZE
+            raw = await segment.read(position, count * COMPACTED_ITEM_SIZE)
+            for item in decode_compacted_item_run(raw, header.begin_timestamp, location=segment.key, position=position):
+                if item.topic_id in found.values() or tries.get(item.topic_id, 0) >= _TRIES_PER_TOPIC_ID:
+                    continue
+                tries[item.topic_id] = tries.get(item.topic_id, 0) + 1
+                name = await _topic_of(flat, views, item, [t for t in topics if t not in found])
+                if name is not None:
+                    found[name] = item.topic_id
+            if len(found) == len(topics):
+                break
+    next_id = max([0, *tries, *found.values()]) + 1
+    for name in topics:
+        if name not in found:
+            found[name], next_id = next_id, next_id + 1
+    return found
+
+
+async def _topic_of(
+    flat: FlatFileStore,
+    views: dict[tuple[str, int], FlatMessageFile | None],
+    item: IndexItem,
+    candidates: Sequence[str],
+) -> str | None:
+    """The candidate topic whose archived message at the item's position has a key with the item's hash."""
+    for topic in candidates:
+        key = (topic, item.queue_id)
+        if key not in views:
+            try:
+                views[key] = await flat.open_read_only(topic, item.queue_id)
+            except NotFoundError:
+                views[key] = None
+        view = views[key]
+        if view is None:
+            continue
+        try:
+            view.archived_run_end(item.queue_offset)
+        except NotFoundError:
+            continue  # not archived there (expired, lost, or never that far)
+        records = await view.read_messages(item.queue_offset, 1)
+        if records and item.key_hash in record_key_hashes(topic, index_keys_of(records[0])):
+            return topic
+    return None

@@ -21,9 +21,13 @@ from tests.cli.test_lost_ranges import BEFORE, END, KEPT, RESUME, archive_with_h
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.metadata.models import DEFAULT_RESERVE_SECONDS
 
-# Every run uploads the key-index file it filled: the rebuilt catalogue then has files to find.
-UPLOAD_INDEX_AT_ONCE = {"TIEREDSTORE_INDEX__INDEX_SEAL_INTERVAL": "0.001"}
-OTHER_TOPIC = "Payments"
+# Small key-index files, each uploaded by the run that filled it: the rebuilt catalogue has files to find.
+UPLOAD_INDEX_AT_ONCE = {
+    "TIEREDSTORE_INDEX__INDEX_SEAL_INTERVAL": "0.001",
+    "TIEREDSTORE_INDEX__INDEX_MAX_ITEMS": "4096",
+    "TIEREDSTORE_INDEX__INDEX_SLOT_COUNT": "256",
+}
+OTHER_TOPIC = "Accounts"  # listed before Orders, created after it: ids cannot come from listing order
 QUEUE_1 = 150
 
 
@@ -98,7 +102,8 @@ def assert_rebuilt_like(before: dict[str, Any], after: dict[str, Any], rebuilt_f
 
     assert after["topics"].keys() == before["topics"].keys()
     for name, row in after["topics"].items():
-        assert row["status"] == before["topics"][name]["status"]
+        # The key index names topics by id: the rebuilt ids are the ones its items carry.
+        assert (row["id"], row["status"]) == (before["topics"][name]["id"], before["topics"][name]["status"])
         assert row["reserve_seconds"] == DEFAULT_RESERVE_SECONDS  # unknowable: the default
         assert rebuild_time(row["created"]) and rebuild_time(row["updated"])
     assert before["topics"][TOPIC]["reserve_seconds"] == 7 * 86400
