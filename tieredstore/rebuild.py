@@ -141,10 +141,17 @@ async def rebuild_metadata(
                 progress(done, len(folders))
             return rebuilt
 
-        rebuilt = await asyncio.gather(*(one(folder) for folder in folders))
-        report.queues = [queue for queue in rebuilt if queue is not None]
-        index_files = await _rebuild_index_catalogue(provider, scratch, cluster, broker, now, report.skipped)
+        # A task group: when one queue fails, the others stop before the scratch database closes.
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(folder)) for folder in folders]
+        report.queues = [queue for task in tasks if (queue := task.result()) is not None]
+        index_files = await _rebuild_index_catalogue(provider, scratch, cluster, broker, now, report.skipped, limit)
         report.index_files = len(index_files)
+        if not report.queues and not index_files:
+            raise NotFoundError(
+                f"no archive of cluster {cluster!r}, broker {broker!r} under {provider.url}: nothing to rebuild "
+                "(check --cold-url and the cluster and broker settings)"
+            )
         topic_ids = await _recover_topic_ids(flat, index_files, report.topics)
         report.rows = await asyncio.to_thread(target.adopt_rows, scratch, topic_ids)
     finally:
@@ -316,21 +323,32 @@ async def _last_record_start(view: FlatMessageFile, base_offset: int, size: int,
 
 
 async def _rebuild_index_catalogue(
-    provider: Provider, scratch: MetadataStore, cluster: str, broker: str, now: int, skipped: list[str]
+    provider: Provider,
+    scratch: MetadataStore,
+    cluster: str,
+    broker: str,
+    now: int,
+    skipped: list[str],
+    limit: asyncio.Semaphore,
 ) -> list[tuple[str, IndexFileRecord]]:
     """Catalogue every uploaded index file, of the broker's root namespace and of each archiver's namespace;
     returns each with the path it lives under."""
     root = index_path(cluster, broker)
     namespaces = [""] + [child for child in await provider.list_children(root) if child != FileType.INDEX.value]
     catalogued = []
+
+    async def one(path: str, file_id: int) -> None:
+        async with limit:
+            record = await _uploaded_index_file(provider, path, file_id, now, skipped)
+        if record is not None:
+            await asyncio.to_thread(MetadataIndexCatalogue(scratch, path).save, record)
+            catalogued.append((path, record))
+
     for namespace in namespaces:
         path = namespace_path(root, namespace)
-        catalogue = MetadataIndexCatalogue(scratch, path)
-        for file_id in await provider.list_segments(path, FileType.INDEX):
-            record = await _uploaded_index_file(provider, path, file_id, now, skipped)
-            if record is not None:
-                await asyncio.to_thread(catalogue.save, record)
-                catalogued.append((path, record))
+        async with asyncio.TaskGroup() as group:
+            for file_id in await provider.list_segments(path, FileType.INDEX):
+                group.create_task(one(path, file_id))
     return catalogued
 
 

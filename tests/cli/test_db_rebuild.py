@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +18,7 @@ from sqlalchemy import create_engine, text
 from tests.cli.helpers import Node
 from tests.cli.test_lost_ranges import BEFORE, END, KEPT, RESUME, archive_with_hole, node_config
 from tests.cli.test_restore import TOPIC, archive, produce
+from tieredstore.formats.naming import FileType, queue_path, segment_key
 from tieredstore.metadata.models import DEFAULT_RESERVE_SECONDS
 
 # Small key-index files, each uploaded by the run that filled it: the rebuilt catalogue has files to find.
@@ -221,4 +221,40 @@ def test_rebuild_into_a_database_that_is_not_empty_is_refused_and_changes_nothin
 def test_rebuild_needs_from_cold(posix: Node) -> None:
     result = posix("db", "rebuild")
     assert result.exit_code == 2 and "--from-cold" in result.stderr
-    assert not (posix.data_dir / "metadata.db").exists() or not Path(posix.data_dir / "metadata.db").stat().st_size
+    assert not (posix.data_dir / "metadata.db").exists()
+
+
+def test_commit_log_bytes_of_a_commit_in_flight_are_cut_as_a_restart_cuts_them(
+    posix: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    produce(posix, 0, 120)
+    archive(posix)
+    config = node_config(posix, monkeypatch)
+    queue = queue_path(config.cluster, config.broker, TOPIC, 0)
+    position = snapshot(config.effective_metadata_url)
+    last_log = max(
+        (base for path, kind, base in position["segments"] if path == queue and kind == "COMMIT_LOG"), default=0
+    )
+    segment_file = posix.data_dir / "cold" / segment_key(queue, FileType.COMMIT_LOG, last_log)
+    archived_size = segment_file.stat().st_size
+    with segment_file.open("ab") as tail:
+        tail.write(b"\x00" * 100)  # the commit log's half of a commit whose consume-queue half never landed
+    drop_database(posix, config.effective_metadata_url)
+
+    result = posix("db", "rebuild", "--from-cold", output="json")
+    assert result.exit_code == 0, result.stderr
+    (rebuilt,) = [q for q in result.json()["queues"] if q["topic"] == TOPIC]
+    assert (rebuilt["max_offset"], rebuilt["orphan_bytes_removed"], rebuilt["dropped_units"]) == (120, 100, 0)
+    assert segment_file.stat().st_size == archived_size
+    rows = snapshot(config.effective_metadata_url)["segments"]
+    assert rows[(queue, "COMMIT_LOG", last_log)]["size"] == archived_size
+    deep = posix("verify", "--deep", output="json")
+    assert deep.exit_code == 0 and deep.json()["notes"] == [], deep.stdout
+
+
+def test_rebuild_with_no_archive_under_the_cold_url_is_not_found(posix: Node) -> None:
+    posix.data_dir.mkdir(parents=True)
+    result = posix("db", "rebuild", "--from-cold")
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nothing to rebuild" in lines[0]
