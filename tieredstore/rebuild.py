@@ -11,7 +11,8 @@ survive and commit-log bytes no unit references (a commit in flight when the dat
 exactly as a restart cuts them. Time ranges come from the records: a segment's first and last record's
 store time, read with a few ranged reads each, never whole segments (but for a commit-log segment whose
 last record no unit points at, which only retention running ahead on the consume queue leaves).
-Uploaded key-index files are catalogued from their compacted headers (time range, item count).
+Uploaded key-index files are catalogued from their compacted headers (time range, item count), and each
+topic gets back the id the index items name it by (``_recover_topic_ids``).
 
 All of it is built in a scratch in-memory database first and copied into the target in one transaction
 that refuses a target holding any row: the target gets the whole rebuild or nothing. What cold storage
