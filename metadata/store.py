@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
@@ -38,6 +38,7 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import URL, Connection, Row
@@ -1167,3 +1168,84 @@ class MetadataStore:
     def delete_index_file(self, name: str) -> None:
         with self._writing("delete an index file") as session:
             session.execute(delete(IndexFile).where(IndexFile.name == name))
+
+    # ---- whole-database copies (rebuilding lost metadata) -------------------------------------------
+
+    def require_empty(self) -> None:
+        """ValidationError naming what the database holds unless it holds no row at all."""
+        with self._reading("count rows") as session:
+            self._refuse_rows(session)
+
+    def _refuse_rows(self, session: Session) -> None:
+        held = {
+            model.__tablename__: count
+            for model in _COPIED_MODELS
+            if (count := int(session.scalar(select(func.count()).select_from(model)) or 0))
+        }
+        if held:
+            rows = ", ".join(f"{count} {table}" for table, count in held.items())
+            raise ValidationError(
+                f"the metadata database {self.url} is not empty ({rows}); rebuild only into an empty database"
+            )
+
+    def adopt_rows(self, source: MetadataStore, topic_ids: Mapping[str, int]) -> dict[str, int]:
+        """Write every topic, queue, segment and index-file row of ``source`` into this empty database.
+
+        One transaction, which first checks that this database holds no row at all (``require_empty``;
+        nothing is written otherwise): a rebuild either lands whole or not at all. Each topic gets its
+        id from ``topic_ids`` (the key index names topics by id); other row ids are this database's own.
+        A queue's version, lease and epoch start afresh (they describe this database's history, not the
+        data). Returns the rows written per table.
+        """
+        with source._reading("read the rows to copy") as session:
+            topics = list(session.scalars(select(Topic).order_by(Topic.id)))
+            queues = list(session.execute(select(Topic.name, Queue).join(Topic, Topic.id == Queue.topic_id)))
+            segments = list(session.scalars(select(Segment).order_by(Segment.id)))
+            index_files = list(session.scalars(select(IndexFile).order_by(IndexFile.id)))
+        with self._writing("write the rebuilt rows") as session:
+            self._refuse_rows(session)
+            for topic in topics:
+                row = Topic(
+                    id=topic_ids[topic.name],
+                    name=topic.name,
+                    reserve_seconds=topic.reserve_seconds,
+                    status=topic.status,
+                    created=topic.created,
+                    updated=topic.updated,
+                )
+                session.add(row)
+            session.flush()
+            if topics and self.dialect == "postgresql":
+                # Ids given explicitly do not move the sequence: the next topic created must not reuse one.
+                session.execute(
+                    text("SELECT setval(pg_get_serial_sequence('topics', 'id'), (SELECT max(id) FROM topics))")
+                )
+            session.add_all(
+                Queue(
+                    topic_id=topic_ids[name],
+                    queue_id=queue.queue_id,
+                    min_offset=queue.min_offset,
+                    max_offset=queue.max_offset,
+                    updated=queue.updated,
+                    version=0,
+                    epoch=0,
+                )
+                for name, queue in queues
+            )
+            session.add_all(
+                Segment(**{column: getattr(row, column) for column in _SEGMENT_COLUMNS}) for row in segments
+            )
+            session.add_all(
+                IndexFile(**{column: getattr(row, column) for column in _INDEX_FILE_COLUMNS}) for row in index_files
+            )
+        return {
+            "topics": len(topics),
+            "queues": len(queues),
+            "segments": len(segments),
+            "index_files": len(index_files),
+        }
+
+
+_COPIED_MODELS = (Topic, Queue, Segment, IndexFile, Archiver)
+_SEGMENT_COLUMNS = tuple(c.key for c in Segment.__table__.columns if c.key != "id")
+_INDEX_FILE_COLUMNS = tuple(c.key for c in IndexFile.__table__.columns if c.key != "id")

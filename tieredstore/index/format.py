@@ -362,6 +362,27 @@ def decode_compacted_items(
     return items
 
 
+def decode_compacted_item_run(
+    buf: ReadableBuffer, begin_timestamp: int, *, location: str | None = None, position: int = 0
+) -> list[IndexItem]:
+    """Consecutive items of a compacted file from exactly their bytes, whatever their slots; each CRC-checked.
+
+    For reading a file's items through (``position``: where ``buf`` starts in it, for errors); a lookup
+    reads one slot's with ``decode_compacted_items`` instead.
+    """
+    if len(buf) % COMPACTED_ITEM_SIZE:
+        raise CorruptRecordError(f"{len(buf)} bytes are not whole index items", location=location, offset=position)
+    view = memoryview(buf)
+    items = []
+    for pos in range(0, len(buf), COMPACTED_ITEM_SIZE):
+        (crc,) = _CRC.unpack_from(view, pos + _COMPACTED_ITEM.size)
+        if crc != _crc(view[pos : pos + _COMPACTED_ITEM.size]):
+            raise CorruptRecordError("index item CRC mismatch", location=location, offset=position + pos)
+        topic_id, queue_id, queue_offset, size, hash_value, time_diff = _COMPACTED_ITEM.unpack_from(view, pos)
+        items.append(IndexItem(topic_id, queue_id, queue_offset, size, hash_value, begin_timestamp + time_diff))
+    return items
+
+
 def compact_into(
     out: bytearray | memoryview,
     source: ReadableBuffer,

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.flat.listing import listed_segments
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, queue_path
@@ -292,19 +293,8 @@ def layouts_from_metadata(
 
 
 async def _listed_spans(provider: Provider, path: str, file_type: FileType) -> tuple[SegmentSpan, ...]:
-    """Each segment in storage with its size, ending where the next one starts if it holds more.
-
-    A segment followed by another one that starts inside it was cut there by a recovery under leases,
-    which leaves the cut bytes in place rather than delete them (``FlatAppendFile.abandon_tail``);
-    metadata records the cut, a listing sees only the bytes, so the next segment's start bounds them.
-    """
-    bases = sorted(await provider.list_segments(path, file_type))
-    sizes = await asyncio.gather(*(provider.segment(file_type, path, base).real_size() for base in bases))
-    ends = [*bases[1:], None]
-    return tuple(
-        SegmentSpan(base, size if end is None else min(size, end - base))
-        for base, size, end in zip(bases, sizes, ends, strict=True)
-    )
+    """Each segment in storage with its size (see ``tieredstore.flat.listing``); no time range is known."""
+    return tuple(SegmentSpan(s.base_offset, s.size) for s in await listed_segments(provider, path, file_type))
 
 
 async def _listed_layout(provider: Provider, topic: str, queue_id: int, path: str) -> QueueLayout:
