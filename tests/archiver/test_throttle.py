@@ -15,6 +15,8 @@ import pytest
 
 from tests.fixtures.s3 import S3Server
 from tests.reliability.archiver_run import invariant_problems, s3_config
+from tieredstore.cli import main
+from tieredstore.cli.app import EXIT_CONFIG
 from tieredstore.config import ArchiverSettings, TieredStoreConfig, load_config
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.errors import CommitTimeoutError, ConfigError
@@ -111,6 +113,22 @@ async def test_a_throttled_archive_of_many_queues_runs_no_faster_than_the_cap(
     floor = (uploaded - RATE) / RATE
     assert elapsed >= 0.8 * floor, f"{uploaded:,} bytes at {RATE:,} B/s took {elapsed:.2f}s"
     assert throttled is not None and throttled >= 0.8 * floor * 0.5  # the queues spent the time waiting
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("MAX_UPLOAD_BYTES_PER_SECOND", "50MiB"), ("MAX_UPLOAD_BYTES_PER_SECOND", "0"), ("COMMIT_TIMEOUT", "-1")],
+)
+def test_tieredstore_run_refuses_a_bad_cap_or_timeout_in_one_line_with_exit_7_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv(f"TIEREDSTORE_ARCHIVER__{variable}", value)
+    assert main(["--data-dir", str(data_dir), "run", "--once"]) == EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert captured.err.startswith("tieredstore: error: invalid configuration") and variable.lower() in captured.err
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert not data_dir.exists()
 
 
 def test_the_cap_and_the_timeout_are_refused_unless_positive(tmp_path: Path) -> None:
