@@ -112,7 +112,7 @@ async def test_a_throttled_archive_of_many_queues_runs_no_faster_than_the_cap(
     assert uploaded > QUEUES * MESSAGES_PER_QUEUE * BODY + BIG_BODY
     floor = (uploaded - RATE) / RATE
     assert elapsed >= 0.8 * floor, f"{uploaded:,} bytes at {RATE:,} B/s took {elapsed:.2f}s"
-    assert throttled is not None and throttled >= 0.8 * floor * 0.5  # the queues spent the time waiting
+    assert throttled is not None and throttled > 0  # the metric shows the commits waited for their budget
 
 
 @pytest.mark.parametrize(
