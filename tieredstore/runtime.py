@@ -111,6 +111,7 @@ class Runtime:
 
     config: TieredStoreConfig
     metadata: MetadataStore
+    # The cold provider as opened; a cold owner's flat files and key index write through archiving_provider.
     provider: Provider
     flat: FlatFileStore
     # The key index this process writes (or, for a reader, the root namespace read-only) ...
