@@ -70,6 +70,18 @@ class SteadyWatch:
         return done
 
 
+async def archive_while_hung(
+    runtime: Runtime, *, timeouts_seen: int
+) -> tuple[int, SteadyWatch, asyncio.Task[OnceResult]]:
+    """Produce, start ``run_once``, and return once the steady queues are archived and the hung one's
+    attempts were abandoned ``timeouts_seen`` times: (messages produced, the watch, the running archive)."""
+    total = produce(runtime)
+    watch = SteadyWatch(Dispatcher.from_runtime(runtime))
+    archiving = asyncio.create_task(watch.dispatcher.run_once(max_attempts=1000))
+    await wait_for(lambda: watch.steady_done() and timeouts(runtime) >= timeouts_seen, 120, "steady queues archived")
+    return total, watch, archiving
+
+
 @pytest.fixture
 def warnings_logged() -> Iterator[list[dict[str, Any]]]:
     with structlog.testing.capture_logs() as logs:
@@ -97,14 +109,10 @@ async def test_a_hung_s3_upload_is_abandoned_and_retried_while_other_queues_arch
         hang = proxy.hang(HangRule("PUT", times=1000, path_contains=first_chunk))
         config = s3_config(data_dir, s3_bucket_url, s3_server, proxy.endpoint_url, **WATCHDOG)
         async with open_runtime(config) as runtime:
-            total = produce(runtime)
-            dispatcher = Dispatcher.from_runtime(runtime)
-            watch = SteadyWatch(dispatcher)
-            archiving = asyncio.create_task(dispatcher.run_once(max_attempts=1000))
-            await wait_for(lambda: watch.steady_done() and timeouts(runtime) >= 2, 120, "steady queues archived")
+            total, watch, archiving = await archive_while_hung(runtime, timeouts_seen=2)
             held = 1000 - hang.times
             hang.release()  # the held PUTs reach moto now, one after another, and the next attempt goes through
-            result: OnceResult = await archiving
+            result = await archiving
             # Every held PUT reaches moto in the end, after the client abandoned it.
             await wait_for(lambda: len(proxy.late_replies) == held, 60, "the held PUTs reaching S3")
             archived, problems = await invariant_problems(runtime)
@@ -146,11 +154,7 @@ async def test_a_posix_write_blocked_in_the_kernel_is_abandoned_and_its_late_wri
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
         async with open_runtime(config) as runtime:
-            total = produce(runtime)
-            dispatcher = Dispatcher.from_runtime(runtime)
-            watch = SteadyWatch(dispatcher)
-            archiving = asyncio.create_task(dispatcher.run_once(max_attempts=1000))
-            await wait_for(lambda: watch.steady_done() and timeouts(runtime) >= 1, 120, "steady queues archived")
+            total, watch, archiving = await archive_while_hung(runtime, timeouts_seen=1)
             fcntl.flock(holder, fcntl.LOCK_UN)  # the blocked writes (the first and any retries) go on now
             result = await archiving
             archived, problems = await invariant_problems(runtime)
