@@ -16,9 +16,8 @@ call, since it is per socket read and each failed attempt is retried.
 An abandoned call is cancelled, but a request already handed to a worker thread runs on until storage
 answers. It cannot corrupt what the retry writes: on S3 it is a conditional create of the chunk named
 by its position, so it either lands first (the retry finds the same bytes there and counts them) or is
-refused (If-None-Match); on POSIX it writes under the file's ``flock`` only after comparing what is at
-its position, so it never overwrites a byte, and after the retry landed it finds its bytes there and
-writes nothing.
+refused (If-None-Match); on POSIX no other write to the file starts until its thread returns
+(``PosixProvider.ask_to_write``), so it lands before the retry, which finds its bytes and counts them.
 """
 
 from __future__ import annotations

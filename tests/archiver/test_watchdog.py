@@ -4,8 +4,9 @@ Both tests run the archiver as ``tieredstore run`` wires it (``open_runtime``) w
 timeout, one queue's upload hanging and other queues archiving beside it. On S3 the fault proxy holds
 that queue's commit-log PUTs unanswered, then hands them to moto late, beside the retry; on POSIX the
 test holds the queue's commit-log file lock, as another process would, so the archiver's write blocks
-in the kernel in its worker thread. Each waits on conditions (queues archived, timeouts counted), never
-on the clock, and ends with ``verify --deep`` run as its own process.
+in the kernel in its worker thread, and its retries must not start a second one. Each waits on
+conditions (queues archived, timeouts counted), never on the clock, and ends with ``verify --deep`` run
+as its own process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +72,16 @@ class SteadyWatch:
 
 
 async def archive_while_hung(
-    runtime: Runtime, *, timeouts_seen: int
+    runtime: Runtime, *, timeouts_seen: int, also: Callable[[], bool] = lambda: True
 ) -> tuple[int, SteadyWatch, asyncio.Task[OnceResult]]:
-    """Produce, start ``run_once``, and return once the steady queues are archived and the hung one's
-    attempts were abandoned ``timeouts_seen`` times: (messages produced, the watch, the running archive)."""
+    """Produce, start ``run_once``, and return once the steady queues are archived, the hung one's attempts
+    were abandoned ``timeouts_seen`` times and ``also`` holds: (messages produced, the watch, the archive)."""
     total = produce(runtime)
     watch = SteadyWatch(Dispatcher.from_runtime(runtime))
     archiving = asyncio.create_task(watch.dispatcher.run_once(max_attempts=1000))
-    await wait_for(lambda: watch.steady_done() and timeouts(runtime) >= timeouts_seen, 120, "steady queues archived")
+    await wait_for(
+        lambda: watch.steady_done() and timeouts(runtime) >= timeouts_seen and also(), 120, "steady queues archived"
+    )
     return total, watch, archiving
 
 
@@ -90,6 +93,10 @@ def warnings_logged() -> Iterator[list[dict[str, Any]]]:
 
 def abandoned_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in logs if line["event"].startswith("commit attempt abandoned after commit_timeout")]
+
+
+def refused_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [line for line in logs if "an earlier write to it has not returned yet" in str(line.get("error"))]
 
 
 async def verify_deep(env: dict[str, Any], records: int) -> None:
@@ -154,8 +161,11 @@ async def test_a_posix_write_blocked_in_the_kernel_is_abandoned_and_its_late_wri
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
         async with open_runtime(config) as runtime:
-            total, watch, archiving = await archive_while_hung(runtime, timeouts_seen=1)
-            fcntl.flock(holder, fcntl.LOCK_UN)  # the blocked writes (the first and any retries) go on now
+            # A retry while the abandoned write's thread is still blocked starts no second one: it fails at once.
+            total, watch, archiving = await archive_while_hung(
+                runtime, timeouts_seen=1, also=lambda: bool(refused_lines(warnings_logged))
+            )
+            fcntl.flock(holder, fcntl.LOCK_UN)  # the blocked write goes on now
             result = await archiving
             archived, problems = await invariant_problems(runtime)
             hot = runtime.hot
@@ -166,8 +176,9 @@ async def test_a_posix_write_blocked_in_the_kernel_is_abandoned_and_its_late_wri
 
     assert watch.hung_archived_then == 0
     assert result.failed == {} and problems == [] and archived == total
-    # The abandoned writes and the retry wrote the same bytes at the same place: the file holds them once.
+    # The abandoned write landed late, and the retry after it found its bytes there: the file holds them once.
     assert path.stat().st_size == hung_bytes
     lines = abandoned_lines(warnings_logged)
-    assert lines and all((line["topic"], line["queue_id"]) == HUNG for line in lines)
+    assert len(lines) == 1 and (lines[0]["topic"], lines[0]["queue_id"]) == HUNG  # one thread, one timeout
+    assert all((line["topic"], line["queue_id"]) == HUNG for line in refused_lines(warnings_logged))
     await verify_deep({"TIEREDSTORE_DATA_DIR": data_dir}, total)
