@@ -6,7 +6,9 @@ file is touched (PathEscapeError). Commits write at the commit position with ``o
 exclusive ``flock`` and are ``fsync``ed before they count; directories are ``fsync``ed after a file
 is created or removed in them. Bytes already at the commit position are compared, never
 overwritten, so a retried or a zombie write cannot change committed bytes. Blocking calls run in
-``asyncio.to_thread``.
+``asyncio.to_thread``. A write whose caller gave up on it (a hung file system) runs on in its thread;
+until it returns, no other write to that file starts in this process, and a write given up on before its
+thread started writes nothing once it does: a late write can only land before the retry, never after.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import errno
 import fcntl
 import os
 import stat
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -165,7 +169,14 @@ class PosixSegment(FileSegment):
         return await self._run("read", read)
 
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
+        number = self._provider.ask_to_write(self.key)
+
         def commit(file: str) -> None:
+            with self._provider.writing(self.key, number) as newest:
+                if newest:
+                    write(file)
+
+        def write(file: str) -> None:
             created = not os.path.exists(file)
             if created:
                 _make_directories(os.path.dirname(file))
@@ -194,7 +205,14 @@ class PosixSegment(FileSegment):
         await self._run("commit to", commit)
 
     async def _truncate(self, size: int) -> None:
+        number = self._provider.ask_to_write(self.key)
+
         def truncate(file: str) -> None:
+            with self._provider.writing(self.key, number) as newest:
+                if newest:
+                    cut(file)
+
+        def cut(file: str) -> None:
             try:
                 current = os.stat(file).st_size
             except FileNotFoundError:
@@ -237,6 +255,38 @@ class PosixProvider(Provider):
     def __init__(self, url: str) -> None:
         self.root = root_from_url(url)
         super().__init__(f"file://{self.root}")
+        # Writes (commits, truncations) asked for per file, and the worker threads running them: a write
+        # whose caller gave up on it (``providers.watchdog``) keeps its thread until the file system answers.
+        self._writes_asked: Counter[str] = Counter()
+        self._writes_running: Counter[str] = Counter()
+        self._writes_lock = threading.Lock()
+
+    def ask_to_write(self, key: str) -> int:
+        """Number a new write to ``key``; StorageUnavailableError while an earlier one's thread still runs, so
+        that a hung file costs one thread and no write starts beside one that may still land."""
+        with self._writes_lock:
+            if self._writes_running[key]:
+                raise StorageUnavailableError(f"write to {key}: an earlier write to it has not returned yet")
+            self._writes_asked[key] += 1
+            return self._writes_asked[key]
+
+    @contextlib.contextmanager
+    def writing(self, key: str, number: int) -> Iterator[bool]:
+        """In the worker thread, around write ``number``: whether it is still the newest write asked for.
+
+        One that is not was given up on before its thread started; a later write or truncation owns the
+        file now, so it must write nothing.
+        """
+        with self._writes_lock:
+            self._writes_running[key] += 1
+            newest = self._writes_asked[key] == number
+        try:
+            yield newest
+        finally:
+            with self._writes_lock:
+                self._writes_running[key] -= 1
+                if not self._writes_running[key]:
+                    del self._writes_running[key]
 
     def resolve(self, key: str) -> str:
         """The absolute file for a (checked) logical key; PathEscapeError if symlinks lead outside the root."""

@@ -36,11 +36,11 @@ from tieredstore.errors import (
     CommitConflictError,
     PathEscapeError,
     SizeUnknownError,
-    StorageError,
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, queue_path
 from tieredstore.providers.base import MIB, AppendResult, FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.wrapper import WrappedProvider, WrappedSegment
 
 F = TypeVar("F", bound=Callable[..., Any])
 ProviderFactory = Callable[[], Provider]
@@ -79,41 +79,17 @@ class FaultPlan:
     commit_calls: int = 0
 
 
-class FaultySegment(FileSegment):
+class FaultySegment(WrappedSegment):
     """A segment that runs another segment's storage core, with the faults its plan asks for."""
 
     def __init__(self, inner: FileSegment, plan: FaultPlan) -> None:
-        super().__init__(
-            inner.segment_id,
-            commit_position=inner.commit_position,
-            max_size=inner.max_size,
-            max_pending_buffers=inner.max_pending_buffers,
-        )
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
 
     async def _real_size(self) -> int:
         if self.plan.size_unknown:
             raise SizeUnknownError(f"{self.key}: injected outage, size unknown")
         return await self.inner._real_size()
-
-    async def _exists(self) -> bool:
-        return await self.inner._exists()
-
-    async def _create(self) -> None:
-        await self.inner._create()
-
-    async def _destroy(self) -> None:
-        await self.inner._destroy()
-
-    async def _read(self, position: int, length: int) -> bytes:
-        return await self.inner._read(position, length)
-
-    async def _read_from(self, position: int, length: int) -> bytes:
-        return await self.inner._read_from(position, length)
-
-    async def _truncate(self, size: int) -> None:
-        await self.inner._truncate(size)
 
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         plan = self.plan
@@ -134,41 +110,17 @@ class FaultySegment(FileSegment):
             plan.commits_in_flight -= 1
 
 
-class FaultyProvider(Provider):
+class FaultyProvider(WrappedProvider):
     """Wraps a provider so every segment it makes follows one shared FaultPlan."""
 
     scheme: ClassVar[str] = "faulty"
 
     def __init__(self, inner: Provider, plan: FaultPlan | None = None) -> None:
-        super().__init__(inner.url)
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan if plan is not None else FaultPlan()
 
-    def segment(
-        self,
-        file_type: FileType,
-        path: str,
-        base_offset: int,
-        *,
-        commit_position: int = 0,
-        max_size: int | None = None,
-    ) -> FaultySegment:
-        inner = self.inner.segment(file_type, path, base_offset, commit_position=commit_position, max_size=max_size)
-        return FaultySegment(inner, self.plan)
-
-    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
-        return await self.inner.list_segments(path, file_type)
-
-    async def list_children(self, path: str) -> list[str]:
-        return await self.inner.list_children(path)
-
-    async def list_objects(self, path: str) -> list[StoredObject]:
-        if not isinstance(self.inner, ListsObjects):
-            raise StorageError(f"{self.inner!r} cannot list objects with their last-modified times")
-        return await self.inner.list_objects(path)
-
-    async def close(self) -> None:
-        await self.inner.close()
+    def wrap(self, segment: FileSegment) -> FaultySegment:
+        return FaultySegment(segment, self.plan)
 
 
 # ---- the conformance suite -------------------------------------------------------------------------

@@ -137,6 +137,17 @@ class ArchiverSettings(_Section):
     scan_interval: float = Field(default=1.0, gt=0, description="seconds between scans of idle queues")
     start_from: str = Field(default="earliest", description="earliest | latest | an epoch-ms timestamp")
     shutdown_timeout: float = Field(default=30.0, gt=0)
+    max_upload_bytes_per_second: int | None = Field(
+        default=None,
+        gt=0,
+        description="cap on the bytes the archiver writes to cold storage a second, all queues and the key index "
+        "together (None: no cap); a commit larger than one second's worth still goes, alone",
+    )
+    commit_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds a storage call of a commit may take before it is abandoned and retried from its buffer",
+    )
     retry_initial_backoff: float = Field(default=0.2, gt=0)
     retry_max_backoff: float = Field(default=30.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

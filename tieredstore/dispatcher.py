@@ -15,8 +15,10 @@ For one queue, under that queue's lock (DESIGN.md "Write path"):
    once. At most ``max_pending_commits`` batches are in memory or in flight across all queues, so slow
    storage slows the archiver down instead of growing its memory.
 
-A failed commit puts its queue on an exponential backoff; the other queues carry on. The hot store's
-blocking calls run in worker threads. Hot data is deleted (``maintain``) only once it is archived.
+A failed commit puts its queue on an exponential backoff; the other queues carry on. A commit that hangs
+fails too: the runtime's provider abandons a storage call after ``commit_timeout`` (``providers.watchdog``;
+counted here per queue) and holds uploads to ``max_upload_bytes_per_second`` (``providers.throttle``). The
+hot store's blocking calls run in worker threads. Hot data is deleted (``maintain``) only once it is archived.
 
 With a LeaseManager (several archivers on one PostgreSQL, see ``tieredstore.leases``) the dispatcher
 serves only the queues it holds a lease on, opening (recovering) each one when it is acquired, never
@@ -41,7 +43,13 @@ from typing import TypeGuard
 import structlog
 
 from tieredstore.config import ArchiverSettings
-from tieredstore.errors import CommitConflictError, LeaseLostError, NotFoundError, TieredStoreError
+from tieredstore.errors import (
+    CommitConflictError,
+    CommitTimeoutError,
+    LeaseLostError,
+    NotFoundError,
+    TieredStoreError,
+)
 from tieredstore.flat.message_file import FlatMessageFile, RecoveryResult
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_keys_of
@@ -823,8 +831,12 @@ class Dispatcher:
         self.stats.commit_failures += 1
         self.metrics.commit_failures.labels(state.topic).inc()
         self.metrics.storage_up.set(0)
+        if isinstance(error, CommitTimeoutError):
+            self.metrics.commit_timeouts.labels(state.topic, str(state.queue_id)).inc()
         log.warning(
-            "commit failed; retrying with backoff",
+            "commit attempt abandoned after commit_timeout; retrying with backoff"
+            if isinstance(error, CommitTimeoutError)
+            else "commit failed; retrying with backoff",
             topic=state.topic,
             queue_id=state.queue_id,
             phase=phase,

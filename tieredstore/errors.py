@@ -13,6 +13,7 @@
     │   └── CorruptRecordError                   names where the bad record is
     ├── StorageError (OSError)                   the cold tier failed
     │   ├── StorageUnavailableError              unreachable / outage; retryable
+    │   │   └── CommitTimeoutError (TimeoutError) a commit attempt abandoned by the watchdog; retried
     │   ├── StorageAccessError (PermissionError) credentials or permissions; not retried
     │   ├── PathEscapeError (PermissionError)    a logical path that would leave the provider's root
     │   ├── SegmentNotFoundError (FileNotFoundError)
@@ -102,6 +103,10 @@ class StorageError(TieredStoreError, OSError):
 
 class StorageUnavailableError(StorageError):
     """The storage cannot be reached now (network, 5xx, throttling); a retry may succeed."""
+
+
+class CommitTimeoutError(StorageUnavailableError, TimeoutError):
+    """A commit attempt took longer than ``archiver.commit_timeout`` and was abandoned; its bytes stay buffered."""
 
 
 class StorageAccessError(StorageError, PermissionError):

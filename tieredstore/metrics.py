@@ -38,6 +38,17 @@ class Metrics:
         self.commit_failures = Counter(
             "tieredstore_commit_failures", "Failed batch commits (retried with backoff)", ["topic"], registry=r
         )
+        self.commit_timeouts = Counter(
+            "tieredstore_commit_timeouts",
+            "Commit attempts abandoned after archiver.commit_timeout without an answer (retried from their buffer)",
+            ["topic", "queue_id"],
+            registry=r,
+        )
+        self.upload_throttled = Counter(
+            "tieredstore_upload_throttled_seconds",
+            "Seconds commits waited for archiver.max_upload_bytes_per_second",
+            registry=r,
+        )
         self.queue_lag = Gauge(
             "tieredstore_queue_lag_messages",
             "Hot max offset minus archived offset",

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tieredstore.config import TieredStoreConfig
+from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.errors import ConfigError
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
@@ -31,6 +31,8 @@ from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider, url_scheme
+from tieredstore.providers.throttle import ThrottledProvider, UploadBudget
+from tieredstore.providers.watchdog import WatchdogProvider
 
 HotMode = Literal["auto", "writer", "follower"]
 
@@ -69,6 +71,19 @@ def open_cold_provider(config: TieredStoreConfig) -> Provider:
     return open_provider(config.effective_cold_url, **provider_options(config))
 
 
+def archiving_provider(provider: Provider, settings: ArchiverSettings, metrics: Metrics) -> Provider:
+    """``provider`` as the archiver writes through it: each storage call bounded by ``commit_timeout``, and
+    commits throttled to ``max_upload_bytes_per_second`` when it is set.
+
+    The throttle is outside the watchdog, so a commit's wait for its upload budget never counts as a hang.
+    """
+    guarded: Provider = WatchdogProvider(provider, settings.commit_timeout)
+    if settings.max_upload_bytes_per_second is None:
+        return guarded
+    budget = UploadBudget(settings.max_upload_bytes_per_second, on_wait=metrics.upload_throttled.inc)
+    return ThrottledProvider(guarded, budget)
+
+
 def open_hot_store(
     config: TieredStoreConfig, *, read_only: bool = False, mode: HotMode = "writer"
 ) -> LocalMessageStore:
@@ -98,6 +113,7 @@ class Runtime:
 
     config: TieredStoreConfig
     metadata: MetadataStore
+    # The cold provider as opened; a cold owner's flat files and key index write through archiving_provider.
     provider: Provider
     flat: FlatFileStore
     # The key index this process writes (or, for a reader, the root namespace read-only) ...
@@ -136,15 +152,18 @@ async def open_runtime(
     async with AsyncExitStack() as stack:
         metadata = await asyncio.to_thread(MetadataStore.open, config.effective_metadata_url, create=create_metadata)
         stack.callback(metadata.close)
+        metrics = metrics or Metrics()
         provider = open_cold_provider(config)
         stack.push_async_callback(provider.close)
         await provider.prepare()
+        # What the archiver writes (flat files, key index) goes through its watchdog and upload budget.
+        writer = archiving_provider(provider, config.archiver, metrics) if cold_owner else provider
         hot_store: LocalMessageStore | None = None
         if hot:
             hot_store = await asyncio.to_thread(functools.partial(open_hot_store, config, mode=hot_mode))
             stack.callback(hot_store.close)
         flat = FlatFileStore(
-            provider,
+            writer,
             metadata,
             cluster=config.cluster,
             broker=config.broker,
@@ -158,7 +177,7 @@ async def open_runtime(
         def open_namespace(namespace: str, read_only: bool) -> IndexService:
             return IndexService(
                 index_base / namespace if namespace else index_base,
-                provider,
+                writer,
                 cluster=config.cluster,
                 broker=config.broker,
                 catalogue=MetadataIndexCatalogue(metadata, namespace_path(broker_index_path, namespace)),
@@ -189,7 +208,7 @@ async def open_runtime(
             flat=flat,
             index=index,
             keys=keys,
-            metrics=metrics or Metrics(),
+            metrics=metrics,
             hot=hot_store,
             cold_owner=cold_owner,
         )

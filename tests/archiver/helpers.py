@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 from tieredstore.config import ArchiverSettings, IndexSettings
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
-from tieredstore.formats.naming import FileType
 from tieredstore.index import IndexService
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
 from tieredstore.metadata import MetadataStore
@@ -107,15 +106,7 @@ class PathFaultProvider(FaultyProvider):
         super().__init__(inner, default or FaultPlan())
         self.plans = plans
 
-    def segment(
-        self,
-        file_type: FileType,
-        path: str,
-        base_offset: int,
-        *,
-        commit_position: int = 0,
-        max_size: int | None = None,
-    ) -> FileSegment:
-        inner = self.inner.segment(file_type, path, base_offset, commit_position=commit_position, max_size=max_size)
+    def wrap(self, segment: FileSegment) -> FaultySegment:
+        path = segment.segment_id.path
         plan = next((p for prefix, p in self.plans.items() if f"/{prefix}/" in f"/{path}/"), self.plan)
-        return FaultySegment(inner, plan)
+        return FaultySegment(segment, plan)

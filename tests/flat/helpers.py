@@ -11,7 +11,7 @@ from tieredstore.flat import FlatMessageFile
 from tieredstore.formats.message import MessageRecord, tag_hash
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import FileSegment, Provider
-from tieredstore.providers.testing import FaultyProvider
+from tieredstore.providers.wrapper import WrappedProvider, WrappedSegment
 
 TOPIC = "TopicA"
 BASE_TIMESTAMP = 1_700_000_000_000
@@ -81,33 +81,14 @@ class CrashPlan:
     fired: bool = False
 
 
-class CrashingSegment(FileSegment):
+class CrashingSegment(WrappedSegment):
     """Runs another segment's storage core and obeys a CrashPlan on commit."""
 
     def __init__(self, inner: FileSegment, plan: CrashPlan) -> None:
-        super().__init__(inner.segment_id, commit_position=inner.commit_position, max_size=inner.max_size)
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
 
-    async def _real_size(self) -> int:
-        return await self.inner._real_size()
-
-    async def _exists(self) -> bool:
-        return await self.inner._exists()
-
-    async def _create(self) -> None:
-        await self.inner._create()
-
-    async def _destroy(self) -> None:
-        await self.inner._destroy()
-
-    async def _read(self, position: int, length: int) -> bytes:
-        return await self.inner._read(position, length)
-
-    async def _truncate(self, size: int) -> None:
-        await self.inner._truncate(size)
-
-    async def _commit(self, position: int, data: bytes) -> None:
+    async def _commit(self, position: int, data: bytes | bytearray) -> None:
         plan = self.plan
         if plan.armed and not plan.fired and plan.lose_on is self.file_type:
             plan.fired = True
@@ -121,8 +102,8 @@ class CrashingSegment(FileSegment):
         await self.inner._commit(position, data)
 
 
-class CrashingProvider(FaultyProvider):
-    """FaultyProvider's delegation, with segments that crash at the points a CrashPlan names."""
+class CrashingProvider(WrappedProvider):
+    """A provider whose segments crash at the points a CrashPlan names."""
 
     scheme: ClassVar[str] = "crashing"
 
@@ -130,14 +111,5 @@ class CrashingProvider(FaultyProvider):
         super().__init__(inner)
         self.crash_plan = plan
 
-    def segment(
-        self,
-        file_type: FileType,
-        path: str,
-        base_offset: int,
-        *,
-        commit_position: int = 0,
-        max_size: int | None = None,
-    ) -> CrashingSegment:  # type: ignore[override]
-        inner = self.inner.segment(file_type, path, base_offset, commit_position=commit_position, max_size=max_size)
-        return CrashingSegment(inner, self.crash_plan)
+    def wrap(self, segment: FileSegment) -> CrashingSegment:
+        return CrashingSegment(segment, self.crash_plan)
