@@ -7,7 +7,7 @@ import contextlib
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.cli.common import run
@@ -81,7 +81,7 @@ def rebuild(
         if lock is not None:
             stack.enter_context(lock)
         target = stack.enter_context(_open_target(config))
-        bar = stack.enter_context(_progress(cli, show))
+        bar = stack.enter_context(cli.output.progress(show))
         report = run(_rebuild(config, target, bar))
     _print(cli, report)
 
@@ -92,18 +92,6 @@ def _open_target(config: TieredStoreConfig) -> MetadataStore:
     if parse_url(url).get_backend_name() != "sqlite" and migrate.current(url) is None:
         migrate.upgrade(url)
     return MetadataStore.open(url, create=True)
-
-
-def _progress(cli: CliState, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=cli.output.err,
-        disable=not enabled,
-        transient=False,
-    )
 
 
 async def _rebuild(config: TieredStoreConfig, target: MetadataStore, bar: Progress) -> RebuildReport:

@@ -9,6 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -38,6 +46,19 @@ class Output:
             # Piped into a file or another program: 80 columns would fold every table row.
             self.console.width = PIPED_WIDTH
         self.err = Console(stderr=True, soft_wrap=True)
+
+    def progress(self, enabled: bool, *columns: ProgressColumn | str) -> Progress:
+        """A progress bar on stderr (stdout stays the result): description, bar, done/total, ``columns``, elapsed."""
+        return Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            *columns,
+            TimeElapsedColumn(),
+            console=self.err,
+            disable=not enabled,
+            transient=False,
+        )
 
     @property
     def is_json(self) -> bool:

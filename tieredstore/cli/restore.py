@@ -48,19 +48,15 @@ from typing import Annotated, Any, Literal, Protocol
 import numpy as np
 import typer
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
     ProgressColumn,
     Task,
     TaskID,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.text import Text
 
-from tieredstore.cli.app import CliState, app, state
+from tieredstore.cli.app import app, state
 from tieredstore.cli.common import (
     ReadNode,
     archived_queue,
@@ -856,21 +852,6 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:,.0f} msg/s" if speed else "- msg/s", style="progress.data.speed")
 
 
-def _progress(cli: CliState, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        _RateColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TimeElapsedColumn(),
-        console=cli.output.err,
-        disable=not enabled,
-        transient=False,
-    )
-
-
 @app.command("restore")
 def restore(
     ctx: typer.Context,
@@ -941,7 +922,8 @@ def restore(
                 assert to_dir is not None
                 sink = DirectorySink(to_dir, fmt or "jsonl", dry_run=dry_run)
             try:
-                with _progress(cli, show and not dry_run) as bar:
+                rate = (_RateColumn(), TextColumn("ETA"), TimeRemainingColumn())
+                with cli.output.progress(show and not dry_run, *rate) as bar:
                     tasks: list[TaskID] = []
 
                     def planned(queues: list[QueueOutcome]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.cli.common import (
@@ -25,18 +25,6 @@ from tieredstore.cli.common import (
 from tieredstore.cli.inspect import human_age
 from tieredstore.metrics import Metrics
 from tieredstore.scrub import Action, Scrubber, ScrubReport, ScrubScope
-
-
-def _progress(cli: CliState, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=cli.output.err,
-        disable=not enabled,
-        transient=False,
-    )
 
 
 @app.command("scrub")
@@ -73,7 +61,7 @@ def scrub(
         async with open_read_node(cli.config) as node:
             if not delete:
                 running.extend(archivers_seen_running(cli.config, node.metadata))
-            with _progress(cli, show) as bar:
+            with cli.output.progress(show) as bar:
                 task: list[TaskID] = []
                 scrubber = Scrubber(
                     node.metadata,
