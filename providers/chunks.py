@@ -10,6 +10,15 @@ CommitConflictError and nothing is overwritten.
 
 A provider supplies an ``ObjectStore`` (list, ranged get, put-if-absent, put, delete) that raises
 only the typed tree; ``ChunkedSegment`` and ``ChunkedProvider`` do the rest.
+
+Conditional writes are checked, not assumed: some S3-compatible servers accept ``If-None-Match: *`` and
+ignore it. Before a process writes, ``ChunkedProvider.check_conditional_writes`` creates one new key
+under ``.tieredstore-probe/`` twice and deletes it; a store that does not refuse the second create is
+refused with ConditionalWritesUnsupportedError. A store that does not claim a conditional create
+(``conditional_create`` False: S3 configured with conditional_writes = "unsupported", fsspec filesystems
+without one) is not probed; instead every chunk is read back after it is written, so that another
+writer's bytes in it are a CommitConflictError rather than a silent loss (they can still have replaced
+bytes committed earlier: such storage is for one writer at a time).
 """
 
 from __future__ import annotations
@@ -18,20 +27,26 @@ import abc
 import asyncio
 import contextlib
 import re
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import (
     CommitConflictError,
+    ConditionalWritesUnsupportedError,
     SegmentNotFoundError,
     SizeUnknownError,
+    StorageError,
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId
 from tieredstore.providers.paths import check_logical_path
+from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
 
 CREATED_MARKER = ".created"
+# Where the conditional-create probe writes (under the store's root; no cluster folder starts with a dot).
+PROBE_FOLDER = ".tieredstore-probe"
 # ASCII digits only, matched whole: "\d" takes any Unicode digit and "$" a trailing newline, and either
 # would let a foreign object alias a chunk.
 _CHUNK_NAME = re.compile(r"[0-9]{20}")
@@ -121,7 +136,15 @@ def slices_for(run: Sequence[Chunk], position: int, length: int) -> list[ChunkSl
 
 class ObjectStore(abc.ABC):
     """The object operations a chunked segment needs. Keys are ``/``-separated and relative to the
-    store's root; every method raises only the tieredstore.errors tree."""
+    store's root; every method raises only the tieredstore.errors tree.
+
+    ``file_type`` says what a written object belongs to (a segment's chunk), None for anything else
+    (markers, probes); a store may place objects by it (an S3 storage class).
+    """
+
+    # Whether ``put_if_absent`` asks storage itself to refuse an existing key (then it is probed once
+    # before writing); False: chunks are read back after they are written (see the module docstring).
+    conditional_create: bool = True
 
     @abc.abstractmethod
     async def list_files(self, folder: str) -> list[ObjectInfo]:
@@ -136,11 +159,11 @@ class ObjectStore(abc.ABC):
         """Up to ``length`` bytes of ``key`` from ``start`` (fewer at its end); SegmentNotFoundError if missing."""
 
     @abc.abstractmethod
-    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> bool:
         """Create ``key`` holding ``data`` unless it exists: True if written, False if it was there."""
 
     @abc.abstractmethod
-    async def put(self, key: str, data: bytes | bytearray) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> None:
         """Write ``key``, replacing what it held (used only to shorten a chunk during truncation)."""
 
     @abc.abstractmethod
@@ -242,7 +265,9 @@ class ChunkedSegment(FileSegment):
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         while data:
             key = self._chunk_key(position)
-            if await self._store.put_if_absent(key, data):
+            if await self._store.put_if_absent(key, data, file_type=self.file_type):
+                if not self._store.conditional_create:
+                    await self._check_written(key, position, data)
                 self._remember(Chunk(position, len(data)))
                 return
             # One byte more than ours tells a longer chunk apart from an equal one.
@@ -258,6 +283,16 @@ class ChunkedSegment(FileSegment):
             position += len(existing)
             data = data[len(existing) :]
 
+    async def _check_written(self, key: str, position: int, data: bytes | bytearray) -> None:
+        """Read a chunk back after writing it where storage does not refuse a second create: bytes other
+        than ours mean another writer replaced it, a conflict as a refused create would have been."""
+        stored = await self._store.get_range(key, 0, len(data) + 1)
+        if stored != data:
+            raise CommitConflictError(
+                f"{self.key}: chunk at position {position} holds other bytes after our write: another writer "
+                "replaced it (this storage does not refuse to overwrite)"
+            )
+
     async def _truncate(self, size: int) -> None:
         self._known_run = None
         chunks = await self._list_chunks()
@@ -268,11 +303,39 @@ class ChunkedSegment(FileSegment):
         straddling = [chunk for chunk in run if chunk.start < size < chunk.end]
         for chunk in straddling:
             head = await self._store.get_range(self._chunk_key(chunk.start), 0, size - chunk.start)
-            await self._store.put(self._chunk_key(chunk.start), head)
+            await self._store.put(self._chunk_key(chunk.start), head, file_type=self.file_type)
+
+
+async def probe_conditional_create(store: ObjectStore, where: str) -> None:
+    """Create one new key under PROBE_FOLDER twice, then delete it; ConditionalWritesUnsupportedError
+    unless storage created it the first time and refused the second."""
+    key = f"{PROBE_FOLDER}/{uuid.uuid4().hex}"
+    try:
+        first = await store.put_if_absent(key, b"first")
+        second = await store.put_if_absent(key, b"second")
+    except BaseException:
+        with contextlib.suppress(StorageError):
+            await store.delete([key])
+        raise
+    await store.delete([key])
+    if first and not second:
+        return
+    happened = (
+        "a second conditional create (If-None-Match: *) of one key replaced it instead of being refused"
+        if first
+        else "a conditional create (If-None-Match: *) of a new key was refused as if it existed"
+    )
+    raise ConditionalWritesUnsupportedError(
+        f"{where}: {happened} (probe under {PROBE_FOLDER}/), so a retried or zombie write could overwrite "
+        f"archived bytes; refusing to archive there. Set {UNSUPPORTED_SETTING} to archive with one archiver "
+        "only (no leases), each chunk read back after it is written"
+    )
 
 
 class ChunkedProvider(Provider):
     """A provider whose segments are ChunkedSegments in one ObjectStore."""
+
+    _conditional_create_checked = False
 
     @property
     @abc.abstractmethod
@@ -306,6 +369,13 @@ class ChunkedProvider(Provider):
     async def list_children(self, path: str) -> list[str]:
         check_logical_path(path, allow_root=True)
         return sorted(await self.store.list_folders(path))
+
+    async def check_conditional_writes(self) -> bool:
+        if not self.store.conditional_create or self._conditional_create_checked:
+            return False
+        await probe_conditional_create(self.store, self.url)
+        self._conditional_create_checked = True
+        return True
 
     async def close(self) -> None:
         await self.store.close()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import ConfigError
+from tieredstore.errors import ConditionalWritesUnsupportedError, ConfigError
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import index_path
@@ -90,6 +90,17 @@ def open_hot_store(
         raise
 
 
+async def check_conditional_writes(provider: Provider, metrics: Metrics) -> None:
+    """The provider's check that storage refuses a second conditional create, counted when it asked storage."""
+    try:
+        probed = await provider.check_conditional_writes()
+    except ConditionalWritesUnsupportedError:
+        metrics.conditional_write_probes.labels(result="ignored").inc()
+        raise
+    if probed:
+        metrics.conditional_write_probes.labels(result="honoured").inc()
+
+
 @dataclass
 class Runtime:
     """The opened parts of one node. ``hot`` is None when the caller asked for the cold side only."""
@@ -128,15 +139,20 @@ async def open_runtime(
     recovery, a read-only key index), which is what every process but the archiver must do.
     ``shared_index`` (archivers that share queues by lease) claims a key-index namespace of this
     process's own instead of writing the broker's root one (``tieredstore.index.namespaces``).
+    A cold owner first has the provider check that storage refuses a second conditional create
+    (ConditionalWritesUnsupportedError before anything is written); readers do not.
     Everything is closed in reverse order on exit, also when opening
     a later part fails.
     """
+    metrics = metrics or Metrics()
     async with AsyncExitStack() as stack:
         metadata = await asyncio.to_thread(MetadataStore.open, config.effective_metadata_url, create=create_metadata)
         stack.callback(metadata.close)
         provider = open_cold_provider(config)
         stack.push_async_callback(provider.close)
         await provider.prepare()
+        if cold_owner:
+            await check_conditional_writes(provider, metrics)
         hot_store: LocalMessageStore | None = None
         if hot:
             hot_store = await asyncio.to_thread(functools.partial(open_hot_store, config, mode=hot_mode))
@@ -187,7 +203,7 @@ async def open_runtime(
             flat=flat,
             index=index,
             keys=keys,
-            metrics=metrics or Metrics(),
+            metrics=metrics,
             hot=hot_store,
             cold_owner=cold_owner,
         )
