@@ -1,7 +1,7 @@
 """``tieredstore run`` on S3 checks that the endpoint refuses a second conditional create before archiving.
 
 The endpoint that ignores ``If-None-Match`` is moto behind the fault proxy stripping that header, with
-metadata on SQLite and on PostgreSQL (where leases are on by default).
+metadata on SQLite and on PostgreSQL (where leases are on by default) through ``metadata_url``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import SMALL_FILES
-from tests.cli.helpers import Node
+from tests.cli.s3_nodes import s3_node, stored_keys
 from tests.cli.test_restore import TOPIC, produce
 from tests.fixtures.faultproxy import FaultProxy
 from tests.fixtures.s3 import S3Server
@@ -34,36 +33,10 @@ def ignoring(s3_server: S3Server) -> Iterator[FaultProxy]:
         yield proxy
 
 
-def s3_node(tmp_path: Path, s3: S3Server, cold_url: str, metadata_url: str | None, endpoint_url: str) -> Node:
-    env = {
-        **SMALL_FILES,
-        "TIEREDSTORE_S3__ENDPOINT_URL": endpoint_url,
-        "TIEREDSTORE_S3__REGION": s3.region,
-        "TIEREDSTORE_S3__ACCESS_KEY_ID": s3.access_key_id,
-        "TIEREDSTORE_S3__SECRET_ACCESS_KEY": s3.secret_access_key,
-        "TIEREDSTORE_S3__MAX_ATTEMPTS": "2",
-    }
-    node = Node("s3", tmp_path / "node", cold_url=cold_url, metadata_url=metadata_url, env=env)
-    if metadata_url is not None:
-        upgraded = node("db", "upgrade", output="json")
-        assert upgraded.exit_code == 0, upgraded.stderr
-    return node
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def metadata(request: pytest.FixtureRequest) -> str | None:
-    """None: the embedded SQLite database in the data directory."""
-    return str(request.getfixturevalue("postgres_url")) if request.param == "postgres" else None
-
-
-def stored_keys(s3: S3Server, bucket: str) -> list[str]:
-    return [item["Key"] for item in s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
-
-
 def test_run_refuses_an_endpoint_that_ignores_if_none_match_and_archives_nothing(
-    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata: str | None, ignoring: FaultProxy
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata_url: str, ignoring: FaultProxy
 ) -> None:
-    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata, ignoring.endpoint_url)
+    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata_url, ignoring.endpoint_url)
     produce(node, 0, 50)
     result = node("run", "--once")
     assert result.exit_code == 4, result.stderr
@@ -77,9 +50,9 @@ def test_run_refuses_an_endpoint_that_ignores_if_none_match_and_archives_nothing
 
 
 def test_run_archives_on_an_endpoint_that_honours_it(
-    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata: str | None
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata_url: str
 ) -> None:
-    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata, s3_server.endpoint_url)
+    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata_url)
     produce(node, 0, 50)
     assert node("run", "--once").exit_code == 0
     keys = stored_keys(s3_server, s3_bucket)
@@ -88,9 +61,9 @@ def test_run_archives_on_an_endpoint_that_honours_it(
 
 
 def test_unsupported_archives_a_single_archiver_and_reads_need_no_probe(
-    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata: str | None, ignoring: FaultProxy
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, metadata_url: str, ignoring: FaultProxy
 ) -> None:
-    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata, ignoring.endpoint_url)
+    node = s3_node(tmp_path, s3_server, s3_bucket_url, metadata_url, ignoring.endpoint_url)
     node.env.update({"TIEREDSTORE_S3__CONDITIONAL_WRITES": "unsupported", "TIEREDSTORE_ARCHIVER__LEASES": "false"})
     produce(node, 0, 200)
     result = node("run", "--once")
@@ -115,7 +88,7 @@ def test_unsupported_archives_a_single_archiver_and_reads_need_no_probe(
 def test_unsupported_refuses_leases_with_one_line(
     tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, postgres_url: str
 ) -> None:
-    node = s3_node(tmp_path, s3_server, s3_bucket_url, postgres_url, s3_server.endpoint_url)
+    node = s3_node(tmp_path, s3_server, s3_bucket_url, postgres_url)
     node.env["TIEREDSTORE_S3__CONDITIONAL_WRITES"] = "unsupported"
     produce(node, 0, 20)
     for leases in ({}, {"TIEREDSTORE_ARCHIVER__LEASES": "true"}):  # on by default for PostgreSQL
