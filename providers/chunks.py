@@ -309,10 +309,14 @@ class ChunkedSegment(FileSegment):
 async def probe_conditional_create(store: ObjectStore, where: str) -> None:
     """Create one new key under PROBE_FOLDER twice, then delete it; ConditionalWritesUnsupportedError
     unless storage created it the first time and refused the second."""
-    key = f"{PROBE_FOLDER}/{uuid.uuid4().hex}"
+    name = uuid.uuid4().hex
+    key, ours = f"{PROBE_FOLDER}/{name}", f"first create {name}".encode()
     try:
-        first = await store.put_if_absent(key, b"first")
-        second = await store.put_if_absent(key, b"second")
+        first = await store.put_if_absent(key, ours)
+        if not first:
+            # A create retried after its reply was lost finds itself there: nobody else writes this key.
+            first = await store.get_range(key, 0, len(ours) + 1) == ours
+        second = await store.put_if_absent(key, b"second create")
     except BaseException:
         with contextlib.suppress(StorageError):
             await store.delete([key])

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.backends import s3fs_options
-from tests.fixtures.faultproxy import FaultProxy
+from tests.fixtures.faultproxy import FaultProxy, FaultRule
 from tests.fixtures.s3 import S3Server
 from tieredstore.errors import CommitConflictError, ConditionalWritesUnsupportedError, ConfigError, StorageError
 from tieredstore.formats.naming import FileType, queue_path, segment_key
@@ -59,6 +59,19 @@ async def test_an_endpoint_that_ignores_if_none_match_is_refused_and_the_probe_k
             await provider.check_conditional_writes()  # a refusal is not remembered as a pass
     puts = [path for method, path in ignoring.requests if method == "PUT"]
     assert len(puts) == 4 and all(f"/archive/{PROBE_FOLDER}/" in path for path in puts)
+    assert stored_keys(s3_server, s3_bucket) == []
+
+
+async def test_a_lost_reply_to_the_probe_is_not_taken_for_an_endpoint_that_ignores_the_header(
+    s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, s3_options: dict[str, Any]
+) -> None:
+    async with FaultProxy(s3_server.endpoint_url).running() as proxy:
+        # The first create lands and its reply is lost: the retry is refused with 412 by its own object.
+        proxy.fail(FaultRule("PUT", 500, "InternalError", path_contains=PROBE_FOLDER, after_forwarding=True))
+        options = {**s3_options, "endpoint_url": proxy.endpoint_url, "retry_initial_delay": 0.001}
+        async with S3Provider(s3_bucket_url, **options) as provider:
+            assert await provider.check_conditional_writes() is True
+        assert proxy.count("PUT") == 3
     assert stored_keys(s3_server, s3_bucket) == []
 
 
