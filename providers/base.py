@@ -403,8 +403,9 @@ class Provider(abc.ABC):
         """Before this process writes: make sure storage refuses to create a file that exists, which
         fencing and "a commit never overwrites committed bytes" rest on; ConditionalWritesUnsupportedError
         otherwise. Checked once per provider; True when this call asked storage (an object-store probe).
-        The default has nothing to check: a local file is compared and written under the operating
-        system's exclusive lock."""
+        Storage that cannot be reached raises StorageUnavailableError, and is then checked again before
+        the provider's first write. The default has nothing to check: a local file is compared and
+        written under the operating system's exclusive lock."""
         return False
 
     async def close(self) -> None:  # noqa: B027 - an optional hook; most providers hold no connections

@@ -14,7 +14,9 @@ only the typed tree; ``ChunkedSegment`` and ``ChunkedProvider`` do the rest.
 Conditional writes are checked, not assumed: some S3-compatible servers accept ``If-None-Match: *`` and
 ignore it. Before a process writes, ``ChunkedProvider.check_conditional_writes`` creates one new key
 under ``.tieredstore-probe/`` twice and deletes it; a store that does not refuse the second create is
-refused with ConditionalWritesUnsupportedError. A store that does not claim a conditional create
+refused with ConditionalWritesUnsupportedError. Once asked for, the check also guards every commit
+until it has passed, so storage unreachable at the first check is checked before its first write. A
+store that does not claim a conditional create
 (``conditional_create`` False: S3 configured with conditional_writes = "unsupported", fsspec filesystems
 without one) is not probed; instead every chunk is read back after it is written, so that another
 writer's bytes in it are a CommitConflictError rather than a silent loss (they can still have replaced
@@ -28,7 +30,7 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import (
@@ -184,9 +186,18 @@ class ChunkedSegment(FileSegment):
     one cost no listing; a listing happens only to learn the size or after a restart.
     """
 
-    def __init__(self, store: ObjectStore, segment_id: SegmentId, **kwargs: int | None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        segment_id: SegmentId,
+        *,
+        before_write: Callable[[], Awaitable[object]] | None = None,
+        **kwargs: int | None,
+    ) -> None:
+        """``before_write`` runs before each commit writes anything (the provider's conditional-write check)."""
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._store = store
+        self._before_write = before_write
         self._known_run: list[Chunk] | None = None
 
     def _chunk_key(self, start: int) -> str:
@@ -263,6 +274,8 @@ class ChunkedSegment(FileSegment):
             self._known_run.append(chunk)
 
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
+        if self._before_write is not None:
+            await self._before_write()
         while data:
             key = self._chunk_key(position)
             if await self._store.put_if_absent(key, data, file_type=self.file_type):
@@ -340,6 +353,9 @@ class ChunkedProvider(Provider):
     """A provider whose segments are ChunkedSegments in one ObjectStore."""
 
     _conditional_create_checked = False
+    # Set by the first check: until one passes, each commit checks first (storage was unreachable).
+    _check_before_writes = False
+    _check_lock: asyncio.Lock | None = None
 
     @property
     @abc.abstractmethod
@@ -358,6 +374,7 @@ class ChunkedProvider(Provider):
         return ChunkedSegment(
             self.store,
             SegmentId(file_type, check_logical_path(path), base_offset),
+            before_write=self._before_write,
             commit_position=commit_position,
             max_size=max_size,
         )
@@ -377,9 +394,19 @@ class ChunkedProvider(Provider):
     async def check_conditional_writes(self) -> bool:
         if not self.store.conditional_create or self._conditional_create_checked:
             return False
-        await probe_conditional_create(self.store, self.url)
-        self._conditional_create_checked = True
+        self._check_before_writes = True
+        if self._check_lock is None:
+            self._check_lock = asyncio.Lock()
+        async with self._check_lock:  # queues committing at once wait for one probe
+            if self._conditional_create_checked:
+                return False
+            await probe_conditional_create(self.store, self.url)
+            self._conditional_create_checked = True
         return True
+
+    async def _before_write(self) -> None:
+        if self._check_before_writes and not self._conditional_create_checked:
+            await self.check_conditional_writes()
 
     async def close(self) -> None:
         await self.store.close()

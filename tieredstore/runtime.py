@@ -13,8 +13,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
+
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import ConditionalWritesUnsupportedError, ConfigError
+from tieredstore.errors import ConditionalWritesUnsupportedError, ConfigError, StorageUnavailableError
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import index_path
@@ -30,6 +32,8 @@ from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider, url_scheme
+
+log = structlog.get_logger(__name__)
 
 HotMode = Literal["auto", "writer", "follower"]
 
@@ -91,12 +95,19 @@ def open_hot_store(
 
 
 async def check_conditional_writes(provider: Provider, metrics: Metrics) -> None:
-    """The provider's check that storage refuses a second conditional create, counted when it asked storage."""
+    """The provider's check that storage refuses a second conditional create, counted when it asked storage.
+
+    Storage unreachable now is not a reason to stop: the provider checks before its first write instead,
+    and the archiver retries its commits until storage is back, as it does for any outage.
+    """
     try:
         probed = await provider.check_conditional_writes()
     except ConditionalWritesUnsupportedError:
         metrics.conditional_write_probes.labels(result="ignored").inc()
         raise
+    except StorageUnavailableError as error:
+        log.warning("cold storage unreachable: conditional writes are checked before the first write", error=str(error))
+        return
     if probed:
         metrics.conditional_write_probes.labels(result="honoured").inc()
 

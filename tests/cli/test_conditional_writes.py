@@ -6,6 +6,7 @@ metadata on SQLite and on PostgreSQL (where leases are on by default) through ``
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tests.fixtures.faultproxy import FaultProxy
 from tests.fixtures.s3 import S3Server
 from tieredstore.config import load_config
 from tieredstore.errors import ConditionalWritesUnsupportedError
+from tieredstore.formats.naming import FileType
 from tieredstore.metrics import Metrics
 from tieredstore.providers.chunks import PROBE_FOLDER
 from tieredstore.runtime import open_runtime
@@ -121,3 +123,18 @@ async def test_only_a_cold_owner_probes_and_the_probe_is_counted(
     honest = load_config(data_dir=tmp_path / "node", cold_url=s3_bucket_url, s3=s3_server.provider_options())
     async with open_runtime(honest, hot=False, metrics=metrics):
         assert probes(metrics, "honoured") == 1
+
+
+async def test_a_cold_owner_opened_during_an_outage_checks_before_its_first_write(
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, ignoring: FaultProxy
+) -> None:
+    s3: dict[str, Any] = {**s3_server.provider_options(), "endpoint_url": ignoring.endpoint_url, "max_attempts": 1}
+    config = load_config(data_dir=tmp_path / "node", cold_url=s3_bucket_url, s3=s3)
+    async with contextlib.AsyncExitStack() as stack:
+        with ignoring.outage():  # only while it opens: the check cannot reach storage and is put off
+            runtime = await stack.enter_async_context(open_runtime(config, hot=False))
+        segment = runtime.provider.segment(FileType.COMMIT_LOG, "c/b/t/0", 0)
+        segment.append(b"not on this endpoint")
+        with pytest.raises(ConditionalWritesUnsupportedError):
+            await segment.commit()
+    assert stored_keys(s3_server, s3_bucket) == []

@@ -14,7 +14,13 @@ import pytest
 from tests.fixtures.backends import s3fs_options
 from tests.fixtures.faultproxy import FaultProxy, FaultRule
 from tests.fixtures.s3 import S3Server
-from tieredstore.errors import CommitConflictError, ConditionalWritesUnsupportedError, ConfigError, StorageError
+from tieredstore.errors import (
+    CommitConflictError,
+    ConditionalWritesUnsupportedError,
+    ConfigError,
+    StorageError,
+    StorageUnavailableError,
+)
 from tieredstore.formats.naming import FileType, queue_path, segment_key
 from tieredstore.providers.chunks import PROBE_FOLDER
 from tieredstore.providers.fsspec import FsspecProvider
@@ -73,6 +79,40 @@ async def test_a_lost_reply_to_the_probe_is_not_taken_for_an_endpoint_that_ignor
             assert await provider.check_conditional_writes() is True
         assert proxy.count("PUT") == 3
     assert stored_keys(s3_server, s3_bucket) == []
+
+
+async def test_storage_unreachable_at_the_check_is_checked_before_the_first_write(
+    ignoring: FaultProxy, s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, s3_options: dict[str, Any]
+) -> None:
+    options = {**s3_options, "endpoint_url": ignoring.endpoint_url, "max_attempts": 2, "retry_initial_delay": 0.001}
+    async with S3Provider(s3_bucket_url, **options) as provider:
+        with ignoring.outage(), pytest.raises(StorageUnavailableError):
+            await provider.check_conditional_writes()
+        segment = provider.segment(FileType.COMMIT_LOG, QUEUE, 0)
+        segment.append(b"never archived")
+        for _ in range(2):  # refused at every commit, never written
+            with pytest.raises(ConditionalWritesUnsupportedError):
+                await segment.commit()
+        assert (segment.commit_position, segment.pending_bytes) == (0, len(b"never archived"))
+    assert stored_keys(s3_server, s3_bucket) == []
+
+
+async def test_a_check_deferred_by_an_outage_passes_once_before_the_first_write(
+    s3_server: S3Server, s3_bucket: str, s3_bucket_url: str, s3_options: dict[str, Any]
+) -> None:
+    async with FaultProxy(s3_server.endpoint_url).running() as proxy:
+        options = {**s3_options, "endpoint_url": proxy.endpoint_url, "max_attempts": 2, "retry_initial_delay": 0.001}
+        async with S3Provider(s3_bucket_url, **options) as provider:
+            with proxy.outage(), pytest.raises(StorageUnavailableError):
+                await provider.check_conditional_writes()
+            segment = provider.segment(FileType.COMMIT_LOG, QUEUE, 0)
+            for part in (b"archived ", b"after the outage"):
+                segment.append(part)
+                await segment.commit()
+            assert await segment.read(0, 100) == b"archived after the outage"
+        puts = [path for method, path in proxy.requests if method == "PUT"]
+        assert len(puts) == 4 and all(PROBE_FOLDER in path for path in puts[:2])  # probed once, first
+    assert [key.rsplit("/", 1)[-1] for key in stored_keys(s3_server, s3_bucket)] == [f"{0:020d}", f"{9:020d}"]
 
 
 async def test_s3fs_is_probed_like_the_s3_provider(ignoring: FaultProxy, s3_server: S3Server, s3_bucket: str) -> None:
