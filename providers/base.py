@@ -422,6 +422,15 @@ class Provider(abc.ABC):
         """Build what requests need (clients) before the first one, so that it does not pay for it;
         no request is made. The default needs nothing."""
 
+    async def check_conditional_writes(self) -> bool:
+        """Before this process writes: make sure storage refuses to create a file that exists, which
+        fencing and "a commit never overwrites committed bytes" rest on; ConditionalWritesUnsupportedError
+        otherwise. Checked once per provider; True when this call asked storage (an object-store probe).
+        Storage that cannot be reached raises StorageUnavailableError, and is then checked again before
+        the provider's first write. The default has nothing to check: a local file is compared and
+        written under the operating system's exclusive lock."""
+        return False
+
     async def close(self) -> None:  # noqa: B027 - an optional hook; most providers hold no connections
         """Release connections; the default holds none."""
 

@@ -10,6 +10,17 @@ CommitConflictError and nothing is overwritten.
 
 A provider supplies an ``ObjectStore`` (list, ranged get, put-if-absent, put, delete) that raises
 only the typed tree; ``ChunkedSegment`` and ``ChunkedProvider`` do the rest.
+
+Conditional writes are checked, not assumed: some S3-compatible servers accept ``If-None-Match: *`` and
+ignore it. Before a process writes, ``ChunkedProvider.check_conditional_writes`` creates one new key
+under ``.tieredstore-probe/`` twice and deletes it; a store that does not refuse the second create is
+refused with ConditionalWritesUnsupportedError. Once asked for, the check also guards every commit
+until it has passed, so storage unreachable at the first check is checked before its first write. A
+store that does not claim a conditional create
+(``conditional_create`` False: S3 configured with conditional_writes = "unsupported", fsspec filesystems
+without one) is not probed; instead every chunk is read back after it is written, so that another
+writer's bytes in it are a CommitConflictError rather than a silent loss (they can still have replaced
+bytes committed earlier: such storage is for one writer at a time).
 """
 
 from __future__ import annotations
@@ -19,11 +30,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import (
     CommitConflictError,
+    ConditionalWritesUnsupportedError,
     SegmentNotFoundError,
     SizeUnknownError,
     StorageError,
@@ -32,8 +45,11 @@ from tieredstore.errors import (
 from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
 from tieredstore.providers.paths import check_logical_path
+from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
 
 CREATED_MARKER = ".created"
+# Where the conditional-create probe writes (under the store's root; no cluster folder starts with a dot).
+PROBE_FOLDER = ".tieredstore-probe"
 # ASCII digits only, matched whole: "\d" takes any Unicode digit and "$" a trailing newline, and either
 # would let a foreign object alias a chunk.
 _CHUNK_NAME = re.compile(r"[0-9]{20}")
@@ -134,7 +150,15 @@ def slices_for(run: Sequence[Chunk], position: int, length: int) -> list[ChunkSl
 
 class ObjectStore(abc.ABC):
     """The object operations a chunked segment needs. Keys are ``/``-separated and relative to the
-    store's root; every method raises only the tieredstore.errors tree."""
+    store's root; every method raises only the tieredstore.errors tree.
+
+    ``file_type`` says what a written object belongs to (a segment's chunk), None for anything else
+    (markers, probes); a store may place objects by it (an S3 storage class).
+    """
+
+    # Whether ``put_if_absent`` asks storage itself to refuse an existing key (then it is probed once
+    # before writing); False: chunks are read back after they are written (see the module docstring).
+    conditional_create: bool = True
 
     @abc.abstractmethod
     async def list_files(self, folder: str) -> list[ObjectInfo]:
@@ -155,11 +179,11 @@ class ObjectStore(abc.ABC):
         """Up to ``length`` bytes of ``key`` from ``start`` (fewer at its end); SegmentNotFoundError if missing."""
 
     @abc.abstractmethod
-    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> bool:
         """Create ``key`` holding ``data`` unless it exists: True if written, False if it was there."""
 
     @abc.abstractmethod
-    async def put(self, key: str, data: bytes | bytearray) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> None:
         """Write ``key``, replacing what it held (used only to shorten a chunk during truncation)."""
 
     @abc.abstractmethod
@@ -180,9 +204,18 @@ class ChunkedSegment(FileSegment):
     one cost no listing; a listing happens only to learn the size or after a restart.
     """
 
-    def __init__(self, store: ObjectStore, segment_id: SegmentId, **kwargs: int | None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        segment_id: SegmentId,
+        *,
+        before_write: Callable[[], Awaitable[object]] | None = None,
+        **kwargs: int | None,
+    ) -> None:
+        """``before_write`` runs before each commit writes anything (the provider's conditional-write check)."""
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._store = store
+        self._before_write = before_write
         self._known_run: list[Chunk] | None = None
 
     def _chunk_key(self, start: int) -> str:
@@ -259,9 +292,13 @@ class ChunkedSegment(FileSegment):
             self._known_run.append(chunk)
 
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
+        if self._before_write is not None:
+            await self._before_write()
         while data:
             key = self._chunk_key(position)
-            if await self._store.put_if_absent(key, data):
+            if await self._store.put_if_absent(key, data, file_type=self.file_type):
+                if not self._store.conditional_create:
+                    await self._check_written(key, position, data)
                 self._remember(Chunk(position, len(data)))
                 return
             # One byte more than ours tells a longer chunk apart from an equal one.
@@ -277,6 +314,16 @@ class ChunkedSegment(FileSegment):
             position += len(existing)
             data = data[len(existing) :]
 
+    async def _check_written(self, key: str, position: int, data: bytes | bytearray) -> None:
+        """Read a chunk back after writing it where storage does not refuse a second create: bytes other
+        than ours mean another writer replaced it, a conflict as a refused create would have been."""
+        stored = await self._store.get_range(key, 0, len(data) + 1)
+        if stored != data:
+            raise CommitConflictError(
+                f"{self.key}: chunk at position {position} holds other bytes after our write: another writer "
+                "replaced it (this storage does not refuse to overwrite)"
+            )
+
     async def _truncate(self, size: int) -> None:
         self._known_run = None
         chunks = await self._list_chunks()
@@ -287,11 +334,46 @@ class ChunkedSegment(FileSegment):
         straddling = [chunk for chunk in run if chunk.start < size < chunk.end]
         for chunk in straddling:
             head = await self._store.get_range(self._chunk_key(chunk.start), 0, size - chunk.start)
-            await self._store.put(self._chunk_key(chunk.start), head)
+            await self._store.put(self._chunk_key(chunk.start), head, file_type=self.file_type)
+
+
+async def probe_conditional_create(store: ObjectStore, where: str) -> None:
+    """Create one new key under PROBE_FOLDER twice, then delete it; ConditionalWritesUnsupportedError
+    unless storage created it the first time and refused the second."""
+    name = uuid.uuid4().hex
+    key, ours = f"{PROBE_FOLDER}/{name}", f"first create {name}".encode()
+    try:
+        first = await store.put_if_absent(key, ours)
+        if not first:
+            # A create retried after its reply was lost finds itself there: nobody else writes this key.
+            first = await store.get_range(key, 0, len(ours) + 1) == ours
+        second = await store.put_if_absent(key, b"second create")
+    except BaseException:
+        with contextlib.suppress(StorageError):
+            await store.delete([key])
+        raise
+    await store.delete([key])
+    if first and not second:
+        return
+    happened = (
+        "a second conditional create (If-None-Match: *) of one key replaced it instead of being refused"
+        if first
+        else "a conditional create (If-None-Match: *) of a new key was refused as if it existed"
+    )
+    raise ConditionalWritesUnsupportedError(
+        f"{where}: {happened} (probe under {PROBE_FOLDER}/), so a retried or zombie write could overwrite "
+        f"archived bytes; refusing to archive there. Set {UNSUPPORTED_SETTING} to archive with one archiver "
+        "only (no leases), each chunk read back after it is written"
+    )
 
 
 class ChunkedProvider(Provider):
     """A provider whose segments are ChunkedSegments in one ObjectStore."""
+
+    _conditional_create_checked = False
+    # Set by the first check: until one passes, each commit checks first (storage was unreachable).
+    _check_before_writes = False
+    _check_lock: asyncio.Lock | None = None
 
     @property
     @abc.abstractmethod
@@ -310,6 +392,7 @@ class ChunkedProvider(Provider):
         return ChunkedSegment(
             self.store,
             SegmentId(file_type, check_logical_path(path), base_offset),
+            before_write=self._before_write,
             commit_position=commit_position,
             max_size=max_size,
         )
@@ -330,6 +413,23 @@ class ChunkedProvider(Provider):
         check_logical_path(path, allow_root=True)
         # A segment is a folder of chunks here: nothing is stored at a segment's own key.
         return sorted(await self.store.list_tree(path), key=lambda stored: stored.key)
+
+    async def check_conditional_writes(self) -> bool:
+        if not self.store.conditional_create or self._conditional_create_checked:
+            return False
+        self._check_before_writes = True
+        if self._check_lock is None:
+            self._check_lock = asyncio.Lock()
+        async with self._check_lock:  # queues committing at once wait for one probe
+            if self._conditional_create_checked:
+                return False
+            await probe_conditional_create(self.store, self.url)
+            self._conditional_create_checked = True
+        return True
+
+    async def _before_write(self) -> None:
+        if self._check_before_writes and not self._conditional_create_checked:
+            await self.check_conditional_writes()
 
     async def close(self) -> None:
         await self.store.close()

@@ -11,7 +11,13 @@ How conditional the chunk create is depends on the filesystem:
 - a synchronous filesystem is opened with mode ``"xb"`` (``O_EXCL`` on the local filesystem, a
   checked insert in fsspec's memory filesystem), which is conditional where the filesystem honours it;
 - anything else falls back to compare-before-write (exists, then write), which two racing writers
-  can both pass. Such filesystems are only safe with a single writer per queue.
+  can both pass; each chunk is then read back after it is written (``conditional_create`` False), so
+  a writer that lost the race sees a conflict. Such filesystems are only safe with a single writer per queue.
+
+A store that claims a conditional create is probed once before a process writes
+(``ChunkedProvider.check_conditional_writes``): s3fs against an endpoint that ignores ``If-None-Match``
+is refused, as the S3 provider is. The ``[s3]`` settings (conditional_writes, storage classes) reach the
+``s3://`` provider only; an endpoint without conditional writes is archived to through it.
 
 On the local filesystem a chunk is written in place, so a crash can leave a short chunk; the next
 commit sees it as a prefix of its own bytes and writes the rest into a new chunk.
@@ -44,6 +50,7 @@ from tieredstore.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
 
@@ -244,7 +251,7 @@ class FsspecObjectStore(ObjectStore):
 
         return await self._run(f"read {self.protocol}://{path}", get_async, get_sync)
 
-    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> bool:
         path = self._path(key)
 
         async def put_async(fs: Any) -> bool:
@@ -288,7 +295,7 @@ class FsspecObjectStore(ObjectStore):
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             write()
 
-    async def put(self, key: str, data: bytes | bytearray) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> None:
         path = self._path(key)
 
         async def put_async(fs: Any) -> None:

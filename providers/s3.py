@@ -1,7 +1,10 @@
 """The S3 provider (``s3://bucket/prefix``): chunked segments on botocore, one pair of clients per provider.
 
 Segments follow the chunk scheme of ``tieredstore.providers.chunks``: every commit is one PUT with
-``If-None-Match: *``; a 412 is resolved by comparing the chunk that is there with ours. Calls are
+``If-None-Match: *``; a 412 is resolved by comparing the chunk that is there with ours (with
+``conditional_writes="unsupported"``, a plain PUT read back after it). Commit-log chunks are stored in
+``storage_class``, consume-queue and index chunks in ``index_storage_class`` (both STANDARD unless
+set: small objects pay a minimum billable size in the IA classes). Calls are
 retried with exponential backoff (tenacity) on 5xx, throttling and connection errors, at most
 ``max_attempts`` times, then StorageUnavailableError; access errors (401/403, bad keys, missing
 bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
@@ -66,9 +69,11 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.checksum import crc32
+from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
 from tieredstore.providers.paths import check_logical_path
+from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_conditional_writes, check_storage_class
 from tieredstore.providers.s3_direct import DirectRequests, DirectRequestUnusable, capture_sent_url, last_sent_url
 
 log = logging.getLogger(__name__)
@@ -130,6 +135,9 @@ _OPTION_QUERY_KEYS = frozenset(
         "read_timeout",
         "max_pool_connections",
         "receive_buffer_bytes",
+        "conditional_writes",
+        "storage_class",
+        "index_storage_class",
     }
 )
 _RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
@@ -240,6 +248,8 @@ class S3Options:
 
     ``receive_buffer_bytes`` is the socket receive buffer the GET connections ask for (0: the kernel sizes
     it; see ``ask_for_receive_buffer``).
+
+    ``conditional_writes``, ``storage_class`` and ``index_storage_class``: see ``s3_choices``.
     """
 
     endpoint_url: str | None = None
@@ -258,6 +268,9 @@ class S3Options:
     list_page_size: int = 1000
     max_pool_connections: int = 32
     receive_buffer_bytes: int = 4 << 20
+    conditional_writes: ConditionalWrites = "required"
+    storage_class: str = STANDARD
+    index_storage_class: str = STANDARD
 
     def __post_init__(self) -> None:
         if self.addressing_style not in ("auto", "path", "virtual"):
@@ -278,6 +291,9 @@ class S3Options:
             raise ConfigError(f"receive_buffer_bytes must be 0 (the kernel's) or more, not {self.receive_buffer_bytes}")
         if not 1 <= self.list_page_size <= 1000:
             raise ConfigError(f"list_page_size must be within 1..1000, not {self.list_page_size}")
+        check_conditional_writes(self.conditional_writes)
+        check_storage_class(self.storage_class, "storage_class")
+        check_storage_class(self.index_storage_class, "index_storage_class")
 
     @classmethod
     def from_query(cls, query: str, **overrides: Any) -> S3Options:
@@ -304,6 +320,14 @@ class S3Options:
             raise ConfigError(f"unknown S3 options {unknown}; known: {sorted(known)}")
         values.update(overrides)
         return cls(**values)
+
+    def storage_class_arguments(self, file_type: FileType | None) -> dict[str, str]:
+        """The PutObject argument that stores a chunk of ``file_type`` in its class; none for STANDARD
+        (S3's own default) and for objects that are no chunk (markers, probes)."""
+        if file_type is None:
+            return {}
+        storage_class = self.storage_class if file_type is FileType.COMMIT_LOG else self.index_storage_class
+        return {} if storage_class == STANDARD else {"StorageClass": storage_class}
 
     def encryption_arguments(self) -> dict[str, str]:
         """The PutObject arguments that ask for server-side encryption."""
@@ -415,6 +439,7 @@ class S3ObjectStore(ObjectStore):
         self._bucket = provider.bucket
         self._prefix = provider.prefix
         self._options = provider.options
+        self.conditional_create = provider.options.conditional_writes == "required"
         self._direct: DirectRequests | None = None  # learned from the client's first GET or PUT (s3_direct)
         self._learn_direct = True
         self.direct_requests = 0  # GETs and PUTs sent without a client call (s3_direct), answered or not
@@ -556,23 +581,30 @@ class S3ObjectStore(ObjectStore):
 
         return await self._call_in_thread(what, get)
 
-    async def put_if_absent(self, key: str, data: bytes | bytearray) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> bool:
+        if not self.conditional_create:
+            # The endpoint would ignore the condition: a plain PUT, which the segment reads back.
+            await self.put(key, data, file_type=file_type)
+            return True
         full = self._key(key)
         try:
-            await self._put_object(f"conditional put {self._where(full)}", full, data, IfNoneMatch="*")
+            await self._put_object(f"conditional put {self._where(full)}", full, data, file_type, IfNoneMatch="*")
         except _PreconditionFailed:
             return False
         return True
 
-    async def put(self, key: str, data: bytes | bytearray) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, file_type: FileType | None = None) -> None:
         full = self._key(key)
-        await self._put_object(f"put {self._where(full)}", full, data)
+        await self._put_object(f"put {self._where(full)}", full, data, file_type)
 
-    async def _put_object(self, what: str, full: str, data: bytes | bytearray, **conditions: str) -> None:
+    async def _put_object(
+        self, what: str, full: str, data: bytes | bytearray, file_type: FileType | None, **conditions: str
+    ) -> None:
         """PUT ``data`` with our CRC32 of it, on the sync client in a worker thread: the CRC32 and, over
         plain http, the SigV4 payload hash are computed there, off the event loop, as the body is sent."""
-        encryption = self._options.encryption_arguments()
-        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **encryption}
+        # How the object is stored: server-side encryption and the storage class of its segment type.
+        stored_as = {**self._options.encryption_arguments(), **self._options.storage_class_arguments(file_type)}
+        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **stored_as}
         checksum: list[str] = []  # computed on the first attempt, reused by retries
 
         def put(client: Any) -> None:
@@ -581,7 +613,7 @@ class S3ObjectStore(ObjectStore):
             direct, unusable = self._direct, None
             if direct is not None:
                 self.direct_requests += 1
-                headers = _put_headers({**conditions, **encryption, **_checksum_arguments(checksum[0])})
+                headers = _put_headers({**conditions, **stored_as, **_checksum_arguments(checksum[0])})
                 try:
                     direct.put(full, data, headers)
                 except DirectRequestUnusable as error:
@@ -633,6 +665,7 @@ _PUT_HEADERS = {
     "IfNoneMatch": "If-None-Match",
     "ServerSideEncryption": "x-amz-server-side-encryption",
     "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
+    "StorageClass": "x-amz-storage-class",
     "ChecksumAlgorithm": "x-amz-sdk-checksum-algorithm",
     "ChecksumCRC32": "x-amz-checksum-crc32",
 }

@@ -408,6 +408,14 @@ class ProviderTests:
         assert await reader.correct_commit_position() == 6
         assert await reader.read(0, 100) == b"abcdef"
 
+    @requires("supports_conditional_create")
+    async def test_the_conditional_write_check_passes_once_and_leaves_nothing(self, provider: Provider) -> None:
+        await provider.check_conditional_writes()
+        assert await provider.check_conditional_writes() is False  # checked once per provider
+        assert await provider.list_children("") == []
+        segment = await committed(provider.segment(COMMIT_LOG, QUEUE, 0), b"written after the check")
+        assert await segment.read(0, 100) == b"written after the check"
+
     # ---- paths, names and listing ----------------------------------------------------------------
 
     @requires("confines_paths")

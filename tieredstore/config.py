@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from tieredstore.errors import ConfigError
+from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_storage_class
 from tieredstore.topic_filter import check_topic_pattern
 
 log = structlog.get_logger(__name__)
@@ -66,6 +67,24 @@ class S3Settings(_Section):
     max_pool_connections: int = Field(default=32, ge=1, le=1024)
     # The socket receive buffer GET connections ask for, where the kernel grants it whole (0: its own).
     receive_buffer_bytes: int = Field(default=4 * MIB, ge=0)
+    conditional_writes: ConditionalWrites = Field(
+        default="required",
+        description="required: check once before archiving that the endpoint refuses a second If-None-Match "
+        "create, and refuse to archive if not; unsupported: an endpoint that ignores it, one archiver only "
+        "(no leases), each chunk read back after it is written",
+    )
+    storage_class: str = Field(default=STANDARD, description="S3 storage class of commit-log chunks")
+    index_storage_class: str = Field(
+        default=STANDARD, description="S3 storage class of consume-queue and key-index chunks (small objects)"
+    )
+
+    @pydantic.field_validator("storage_class", "index_storage_class")
+    @classmethod
+    def _check_storage_class(cls, value: str) -> str:
+        try:
+            return check_storage_class(value)
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
 
 
 class HotSettings(_Section):
@@ -337,6 +356,9 @@ class TieredStoreConfig(BaseSettings):
             "max_attempts": s3.max_attempts,
             "max_pool_connections": s3.max_pool_connections,
             "receive_buffer_bytes": s3.receive_buffer_bytes,
+            "conditional_writes": s3.conditional_writes,
+            "storage_class": s3.storage_class,
+            "index_storage_class": s3.index_storage_class,
         }
         for name in ("access_key_id", "secret_access_key", "session_token"):
             secret: SecretStr | None = getattr(s3, name)

@@ -18,6 +18,7 @@
     │   ├── PathEscapeError (PermissionError)    a logical path that would leave the provider's root
     │   ├── SegmentNotFoundError (FileNotFoundError)
     │   ├── CommitConflictError                  a chunk already exists with other bytes (fenced writer)
+    │   ├── ConditionalWritesUnsupportedError    the endpoint ignores If-None-Match: no fencing there
     │   └── SizeUnknownError                     the real size cannot be known right now (never -1)
     ├── StoreFullError (OSError)                 the hot store is above its disk watermark
     ├── MetadataError
@@ -123,6 +124,11 @@ class SegmentNotFoundError(StorageError, FileNotFoundError):
 
 class CommitConflictError(StorageError):
     """A chunk at this position already exists with different bytes; nothing was overwritten."""
+
+
+class ConditionalWritesUnsupportedError(StorageError):
+    """The storage accepted a second conditional create of one key: it cannot refuse to overwrite
+    committed bytes, which fencing rests on, so nothing is archived there unless configured for it."""
 
 
 class SizeUnknownError(StorageError):

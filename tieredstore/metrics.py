@@ -70,6 +70,12 @@ class Metrics:
         self.storage_up = Gauge(
             "tieredstore_cold_storage_up", "1 when the last commit reached cold storage, 0 during an outage", registry=r
         )
+        self.conditional_write_probes = Counter(
+            "tieredstore_conditional_write_probes",
+            "Checks that cold storage refuses a second conditional create, made once before writing it",
+            ["result"],
+            registry=r,
+        )
         self.index_items = Counter(
             "tieredstore_index_items", "Key-index items written (one per key of each archived message)", registry=r
         )

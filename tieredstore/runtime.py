@@ -13,8 +13,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
+
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
-from tieredstore.errors import ConfigError
+from tieredstore.errors import ConditionalWritesUnsupportedError, ConfigError, StorageUnavailableError
 from tieredstore.flat.message_file import FlatFileSettings
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import index_path
@@ -33,6 +35,8 @@ from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider, url_scheme
 from tieredstore.providers.throttle import ThrottledProvider, UploadBudget
 from tieredstore.providers.watchdog import WatchdogProvider
+
+log = structlog.get_logger(__name__)
 
 HotMode = Literal["auto", "writer", "follower"]
 
@@ -107,6 +111,24 @@ def open_hot_store(
         raise
 
 
+async def check_conditional_writes(provider: Provider, metrics: Metrics) -> None:
+    """The provider's check that storage refuses a second conditional create, counted when it asked storage.
+
+    Storage unreachable now is not a reason to stop: the provider checks before its first write instead,
+    and the archiver retries its commits until storage is back, as it does for any outage.
+    """
+    try:
+        probed = await provider.check_conditional_writes()
+    except ConditionalWritesUnsupportedError:
+        metrics.conditional_write_probes.labels(result="ignored").inc()
+        raise
+    except StorageUnavailableError as error:
+        log.warning("cold storage unreachable: conditional writes are checked before the first write", error=str(error))
+        return
+    if probed:
+        metrics.conditional_write_probes.labels(result="honoured").inc()
+
+
 @dataclass
 class Runtime:
     """The opened parts of one node. ``hot`` is None when the caller asked for the cold side only."""
@@ -146,16 +168,20 @@ async def open_runtime(
     recovery, a read-only key index), which is what every process but the archiver must do.
     ``shared_index`` (archivers that share queues by lease) claims a key-index namespace of this
     process's own instead of writing the broker's root one (``tieredstore.index.namespaces``).
+    A cold owner first has the provider check that storage refuses a second conditional create
+    (ConditionalWritesUnsupportedError before anything is written); readers do not.
     Everything is closed in reverse order on exit, also when opening
     a later part fails.
     """
+    metrics = metrics or Metrics()
     async with AsyncExitStack() as stack:
         metadata = await asyncio.to_thread(MetadataStore.open, config.effective_metadata_url, create=create_metadata)
         stack.callback(metadata.close)
-        metrics = metrics or Metrics()
         provider = open_cold_provider(config)
         stack.push_async_callback(provider.close)
         await provider.prepare()
+        if cold_owner:
+            await check_conditional_writes(provider, metrics)
         # What the archiver writes (flat files, key index) goes through its watchdog and upload budget.
         writer = archiving_provider(provider, config.archiver, metrics) if cold_owner else provider
         hot_store: LocalMessageStore | None = None

@@ -38,6 +38,16 @@ class TestS3Provider(ProviderTests):
         return lambda: S3Provider(s3_bucket_url, **s3_options)
 
 
+class TestS3ProviderWithoutConditionalWrites(ProviderTests):
+    """Plain PUTs, each chunk read back: everything but refusing a second writer's bytes."""
+
+    supports_conditional_create = False
+
+    @pytest.fixture
+    def make_provider(self, s3_bucket_url: str, s3_options: dict[str, Any]) -> ProviderFactory:
+        return lambda: S3Provider(s3_bucket_url, **s3_options, conditional_writes="unsupported")
+
+
 class TestFsspecOverS3fs(ProviderTests):
     @pytest.fixture
     def make_provider(self, s3_server: S3Server, s3_bucket: str) -> ProviderFactory:

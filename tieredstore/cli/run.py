@@ -9,7 +9,9 @@ producers in this process) and follows it read-only when a producer process hold
 
 Several archivers on one PostgreSQL split the queues by lease (``[archiver] leases``, on by default
 for PostgreSQL; ``--owner-id`` names the process in the queues table). On SQLite the archiver is
-single-process: a second one on the same database refuses to start.
+single-process: a second one on the same database refuses to start. Leases are refused on S3 storage
+configured without conditional writes (``s3.conditional_writes = "unsupported"``): nothing would fence
+an archiver whose lease was taken over.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store_dir import refuse_non_directory
 from tieredstore.metadata.engine import parse_url
 from tieredstore.metrics import Metrics
+from tieredstore.providers.registry import url_scheme
+from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
 from tieredstore.runtime import HotMode, open_runtime
 from tieredstore.topic_filter import TopicFilter
 
@@ -233,9 +237,16 @@ class RunOptions:
 
 
 def _uses_leases(config: TieredStoreConfig) -> bool:
-    if config.archiver.leases is not None:
-        return config.archiver.leases
-    return parse_url(config.effective_metadata_url).get_backend_name() == "postgresql"
+    leases = config.archiver.leases
+    if leases is None:
+        leases = parse_url(config.effective_metadata_url).get_backend_name() == "postgresql"
+    if leases and url_scheme(config.effective_cold_url) == "s3" and config.s3.conditional_writes == "unsupported":
+        # A lease is only safe because storage refuses a fenced archiver's late writes.
+        raise errors.ConfigError(
+            f"queue leases need conditional writes, and {UNSUPPORTED_SETTING} says the storage has none: "
+            "run a single archiver with [archiver] leases = false"
+        )
+    return leases
 
 
 # How often a follower started before its writer looks for the hot store again.
