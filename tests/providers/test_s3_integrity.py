@@ -24,7 +24,7 @@ from tests.fixtures.s3 import S3Server
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, segment_key
-from tieredstore.providers import s3 as s3_module
+from tieredstore.providers import s3_options as options_module
 from tieredstore.providers.s3 import S3Options, S3Provider, check_response_checksum
 
 QUEUE = "c1_cluster/broker-a/TopicTest/0"
@@ -122,7 +122,7 @@ async def test_get_connections_ask_for_the_receive_buffer_where_the_kernel_grant
     kernel_cap = _kernel_rmem_max()  # what setsockopt gets at most, whatever the module is told
     limit = tmp_path / "rmem_max"
     limit.write_text(f"{rmem_max}\n", encoding="ascii")
-    monkeypatch.setattr(s3_module, "_RMEM_MAX", limit)
+    monkeypatch.setattr(options_module, "_RMEM_MAX", limit)
     buffers: list[int] = []
     real = urllib3.util.connection.create_connection
 
