@@ -82,15 +82,36 @@ def test_queues_with_consume_queue_files_keep_them(tmp_path: Path) -> None:
         shutil.rmtree(tmp_path / "consumequeue" / "Payments")  # the writer goes on writing the unlinked file
         with HotStoreFollower(tmp_path, config=config, refresh_interval=0) as follower:
             assert follower.queues() == sorted(QUEUES)
+            # As RocketMQ's recovery does, the first scan starts where the other queues' units end: Orders/1's
+            # record 9, after which Payments' record 9 was written; its earlier records are not dispatched.
+            assert follower.min_offset("Payments", 0) == 9
             write(writer, 5, first=10)
             # A queue followed from its files sees a record once it is written; a rebuilt one once it is flushed.
             assert follower.max_offset("Orders", 0) == follower.max_offset("Orders", 1) == 15
             assert follower.max_offset("Payments", 0) == 10
             writer.flush()
             assert follower.max_offset("Payments", 0) == 15
-            assert [follower.get_message("Payments", 0, n).body for n in range(15)] == [
-                body(("Payments", 0), n) for n in range(15)
+            assert [follower.get_message("Payments", 0, n).body for n in range(9, 15)] == [
+                body(("Payments", 0), n) for n in range(9, 15)
             ]
+
+
+def test_a_followed_broker_is_not_scanned_below_where_its_consume_queues_end(tmp_path: Path) -> None:
+    """A follower's start reads the commit log from where the consume queues end, not its whole length: a
+    record before that point which does not even look like one (its magic code damaged) holds nothing up."""
+    config = small_config(consume_queue_units_per_file=1000)
+    with LocalMessageStore(tmp_path, config=config) as writer:
+        write(writer, 10)
+    shutil.rmtree(tmp_path / "consumequeue" / "Payments")
+    log = tmp_path / "commitlog" / f"{0:020d}"
+    content = bytearray(log.read_bytes())
+    content[4] ^= 0xFF  # the magic code of the first record, Orders/0's offset 0, which its files cover
+    log.write_bytes(bytes(content))
+    with HotStoreFollower(tmp_path, config=config, refresh_interval=0) as follower:
+        assert follower.max_offset("Orders", 1) == 10
+        # Only Payments' record past the consume queues' end is rebuilt; the damaged record is never read.
+        assert (follower.min_offset("Payments", 0), follower.max_offset("Payments", 0)) == (9, 10)
+        assert follower.get_message("Payments", 0, 9).body == body(("Payments", 0), 9)
 
 
 def test_rebuilt_queues_follow_the_writers_retention(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ in its reput thread and again in its recovery) writes, for each record, a 20-byt
 size, tag hash) to the record's queue. A store copied without its ``consumequeue/`` directory still holds
 every record; ``CommitLogDispatch`` does that dispatch for a follower, in memory: one scan of the commit
 log, a run of records at a time through the batch record engine (``tieredstore.local.batch``), remembering
-where it stopped so that each later call reads only what is new.
+where it stopped so that each later call reads only what is new. The follower starts it where the other
+queues' units end, as RocketMQ's recovery starts its dispatch (``position``; the first file when none).
 
 Only records the writer's checkpoint says are flushed are dispatched (``FlushedBound``): a record past it
 may still be torn, or taken back by a crash, and a unit in memory is never rewritten the way a broker's

@@ -15,7 +15,8 @@ follows them:
 * **writer restarts**: a file the writer's recovery replaced (another inode) is mapped again;
 * **an early start**: a directory holding no commit log yet is followed as an empty store;
 * **queues without consume-queue files** (a store copied without ``consumequeue/``): their units are
-  rebuilt from the flushed commit log in memory (``tieredstore.local.commit_log_dispatch``).
+  rebuilt from the flushed commit log in memory (``tieredstore.local.commit_log_dispatch``), from where
+  the other queues' units end.
 
 A unit is served only once the record it points at checks out: magic, TOTALSIZE equal to the unit's
 size, PHYSICALOFFSET equal to the unit's offset, topic, queue id and queue offset of this queue, a
@@ -291,6 +292,14 @@ class _FollowedQueue:
                 high = middle
         return low
 
+    def dispatched_end(self) -> int | None:
+        """The commit-log offset past the record of the queue's last written unit, unchecked; None with no unit."""
+        if not self.files:
+            return None
+        end = self._first_written_at_or_after(1 << 63)  # the first unwritten slot
+        unit = self.raw_unit(end - 1) if end > self.min_offset else None
+        return None if unit is None or unit[1] <= 0 else unit[0] + unit[1]
+
     def raw_unit(self, queue_offset: int) -> tuple[int, int, int] | None:
         """(commit-log offset, size, tag hash) of the slot, unchecked; None when no mapped file holds it."""
         byte_offset = queue_offset * UNIT_SIZE
@@ -451,7 +460,11 @@ class HotStoreFollower(LocalMessageStore):
             self._flushed_said = (flushed.source, flushed.known)
             self._log_flushed_source(flushed)
         self._flushed = flushed
+        self._list_queues(now)
         self._rebuild(now)
+
+    def _list_queues(self, now: float) -> None:
+        """Follow the queue directories not followed yet."""
         base = self.root / "consumequeue"
         if not base.is_dir():
             return
@@ -470,6 +483,12 @@ class HotStoreFollower(LocalMessageStore):
 
     def _rebuild(self, now: float) -> None:
         """Dispatch the newly flushed records of queues without consume-queue files (``CommitLogDispatch``)."""
+        if self._dispatch.position is None:
+            # RocketMQ's own recovery dispatches from where its consume queues end; so does this first scan,
+            # so that a broker's start is not a read of its whole commit log (a store without any consume
+            # queue is scanned from its first file).
+            ends = [end for queue in self._followed.values() if (end := queue.dispatched_end()) is not None]
+            self._dispatch.position = max(ends, default=None)
         for key in self._dispatch.advance(self._log.files, self._flushed):
             followed = self._followed.get(key)
             if not isinstance(followed, _RebuiltQueue):
