@@ -4,6 +4,7 @@ application deletes hot files once the archiver has recorded them."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -180,7 +181,9 @@ def _broker_starting_on(store: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(tmp_path: Path) -> None:
+def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = load_config(
         data_dir=tmp_path / "data",
         hot={"commit_log_file_size": 64 << 10, "max_message_size": 16 << 10, "consume_queue_units_per_file": 10},
@@ -197,9 +200,19 @@ def test_auto_mode_follows_a_store_a_running_rocketmq_broker_holds(tmp_path: Pat
     )
     try:
         assert broker.stdout is not None and broker.stdout.readline() == "locked\n"
+        flocked: list[int] = []
+        real_flock = fcntl.flock
+
+        def recording_flock(fd: int, operation: int) -> None:
+            flocked.append(operation)
+            real_flock(fd, operation)
+
+        monkeypatch.setattr(fcntl, "flock", recording_flock)
         with open_hot_store(config, mode="auto") as hot:
             assert isinstance(hot, HotStoreFollower), "the broker owns its store: the archiver only follows it"
             assert hot.durable_max_offset("Orders", 0) == 3
+        assert flocked == [], "finding the broker's lock takes none on its lock file, not even for an instant"
+        monkeypatch.undo()
         with pytest.raises(StoreLockedError, match="already open by another writer"):
             open_hot_store(config, mode="writer")
         assert (config.hot_dir / "checkpoint").read_bytes() == checkpoint, "nothing written into the broker's store"

@@ -48,12 +48,23 @@ def take_writer_lock(root: Path) -> int:
 
 
 def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
-    """Whether a process holds the hot store's writer lock now; creates nothing (a missing lock file is free)."""
+    """Whether a process holds the hot store's writer lock now; creates nothing (a missing lock file is free).
+
+    The broker's range is asked about first, without taking a lock: a running broker's lock file is never
+    locked by the probe, not even for an instant. Only when no one holds that range is our own flock tried
+    (taken and given back at once), for a writer on a platform without OFD locks.
+    """
     try:
         fd = os.open(Path(data_dir) / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
+        if _OFD_GETLK is not None:
+            # Asks who would conflict with a write lock, without taking one (the descriptor is read-only).
+            query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, *_BROKER_RANGE, 0)
+            (lock_type, *_rest) = _FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, query))
+            if lock_type != fcntl.F_UNLCK:
+                return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -61,11 +72,6 @@ def writer_lock_held(data_dir: str | os.PathLike[str]) -> bool:
                 return True
             raise
         fcntl.flock(fd, fcntl.LOCK_UN)
-        if _OFD_GETLK is None:
-            return False
-        # Asks who would conflict with a write lock, without taking one (the descriptor is read-only).
-        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, *_BROKER_RANGE, 0)
-        (lock_type, *_rest) = _FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, query))
-        return bool(lock_type != fcntl.F_UNLCK)
+        return False
     finally:
         os.close(fd)
