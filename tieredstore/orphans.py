@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, index_path
 from tieredstore.index.catalogue import MetadataIndexCatalogue
-from tieredstore.index.service import IndexFileRecord, namespace_path
+from tieredstore.index.service import IndexFileRecord, namespace_path, stored_namespaces
 from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus
 from tieredstore.providers.base import Provider
 
@@ -115,8 +115,7 @@ async def index_namespaces(
     """
     root = index_path(cluster, broker)
     namespaces = await asyncio.to_thread(MetadataIndexCatalogue(metadata, root).namespaces)
-    children = await provider.list_children(root)
-    namespaces |= {child for child in children if child != FileType.INDEX.value}
+    namespaces |= await stored_namespaces(provider, root)
     folders = []
     for namespace in sorted({"", *namespaces}):
         folder = namespace_path(root, namespace)

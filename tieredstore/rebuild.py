@@ -50,7 +50,7 @@ from tieredstore.index.format import (
     compacted_item_position,
     decode_compacted_item_run,
 )
-from tieredstore.index.service import IndexFileRecord, IndexFileStatus, namespace_path
+from tieredstore.index.service import IndexFileRecord, IndexFileStatus, namespace_path, stored_namespaces
 from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import Provider
 
@@ -335,7 +335,7 @@ async def _rebuild_index_catalogue(
     """Catalogue every uploaded index file, of the broker's root namespace and of each archiver's namespace;
     returns each with the path it lives under."""
     root = index_path(cluster, broker)
-    namespaces = [""] + [child for child in await provider.list_children(root) if child != FileType.INDEX.value]
+    namespaces = ["", *sorted(await stored_namespaces(provider, root))]
     catalogued = []
 
     async def one(path: str, file_id: int) -> None:

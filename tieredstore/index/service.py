@@ -229,6 +229,11 @@ def namespace_path(broker_index_path: str, namespace: str) -> str:
     return f"{broker_index_path}/{namespace}" if namespace else broker_index_path
 
 
+async def stored_namespaces(provider: Provider, broker_index_path: str) -> set[str]:
+    """The namespaces whose folders cold storage holds beside the root's own INDEX folder."""
+    return {child for child in await provider.list_children(broker_index_path) if child != FileType.INDEX.value}
+
+
 class IndexService:
     """Holds the current unsealed file, moves sealed files to cold storage and answers key lookups."""
 
