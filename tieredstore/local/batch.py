@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
-from tieredstore.formats.arrays import UNIT_DTYPE, as_values, gather_rows, head_dtype_with_hosts
+from tieredstore.formats.arrays import UNIT_DTYPE, gather_rows
 from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
@@ -36,21 +36,15 @@ from tieredstore.formats.message import (
     MAGIC_V2,
     MIN_RECORD_SIZE,
     NAME_VALUE_SEPARATOR,
-    POS_BORN_HOST,
     PROPERTY_TAGS,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
     tag_hash,
 )
+from tieredstore.formats.records import HEAD_DTYPE, Layout, gather_heads, store_timestamps_of
 from tieredstore.local.mapped_file import release_mapped_pages
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-# The fixed head of a record, through STORETIMESTAMP behind an IPv6 born host (76 bytes; every record is longer).
-HEAD_BYTES = POS_BORN_HOST + 20 + 8
-HEAD_DTYPE = head_dtype_with_hosts(HEAD_BYTES - POS_BORN_HOST)
-assert HEAD_DTYPE.itemsize == HEAD_BYTES
 # How much of a file a batch read unmapping as it goes (``copy_records``) holds mapped at most.
 UNMAP_STEP = 4 << 20
 _TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
@@ -284,14 +278,8 @@ def build(topic: str, queue_id: int, first_offset: int, units: np.ndarray, data:
     sizes = units["size"].astype(np.int64)
     starts = np.zeros(len(units), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    flat = np.frombuffer(data, dtype=np.uint8)
-    heads = as_values(gather_rows(flat, starts, HEAD_BYTES), HEAD_DTYPE)
-    hosts = heads["hosts"]
-    v6 = (heads["sysflag"] & SYSFLAG_BORNHOST_V6) != 0
-    ipv4_stamp = as_values(hosts[:, 8:16], ">i8")
-    ipv6_stamp = as_values(hosts[:, 20:28], ">i8")
-    store_timestamps = np.where(v6, ipv6_stamp, ipv4_stamp).astype(np.int64)
-    return HotBatch(topic, queue_id, first_offset, data, units.copy(), starts, heads, store_timestamps)
+    heads = gather_heads(data, starts)
+    return HotBatch(topic, queue_id, first_offset, data, units.copy(), starts, heads, store_timestamps_of(heads))
 
 
 def _first(bad: BoolArray) -> int | None:
@@ -319,52 +307,6 @@ def check_written(batch: HotBatch) -> None:
         location="commitlog",
         offset=int(batch.units["commitlog_offset"][index]),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where the variable parts of each record of a batch are, from its length fields, all records at once.
-
-    Offsets are from each record's start. ``sound`` says the fields add up: BODYLEN, the topic length
-    and the properties length each fit, and the properties end exactly where the record ends.
-    """
-
-    body_at: Int64Array
-    body_length: Int64Array
-    topic_at: Int64Array
-    topic_length: Int64Array
-    properties_at: Int64Array
-    properties_length: Int64Array
-    sound: BoolArray
-
-    @classmethod
-    def of(cls, batch: HotBatch) -> Layout:
-        heads = batch.heads
-        sizes = batch.sizes
-        starts = batch.starts
-        flat = np.frombuffer(batch.data, dtype=np.uint8)
-        v2 = heads["magic"] == MAGIC_V2
-        sysflag = heads["sysflag"]
-        born = np.where((sysflag & SYSFLAG_BORNHOST_V6) != 0, 20, 8)
-        stored = np.where((sysflag & SYSFLAG_STOREHOST_V6) != 0, 20, 8)
-        body_length_at = POS_BORN_HOST + born + 8 + stored + 12
-        sound = (sizes >= MIN_RECORD_SIZE) & (body_length_at + 4 <= sizes)
-        body_length = as_values(gather_rows(flat, starts + body_length_at, 4), ">i4").astype(np.int64)
-        body_at = body_length_at + 4
-        sound &= (body_length >= 0) & (body_at + body_length <= sizes)
-        topic_length_at = body_at + body_length
-        topic_field = np.where(v2, 2, 1)
-        sound &= topic_length_at + topic_field <= sizes
-        length_bytes = gather_rows(flat, starts + topic_length_at, 2)
-        topic_length = np.where(
-            v2, as_values(length_bytes, ">i2").astype(np.int64), length_bytes[:, 0].view(np.int8).astype(np.int64)
-        )
-        topic_at = topic_length_at + topic_field
-        sound &= (topic_length >= 0) & (topic_at + topic_length + 2 <= sizes)
-        properties_at = topic_at + topic_length + 2
-        properties_length = as_values(gather_rows(flat, starts + properties_at - 2, 2), ">i2").astype(np.int64)
-        sound &= (properties_length >= 0) & (properties_at + properties_length == sizes)
-        return cls(body_at, body_length, topic_at, topic_length, properties_at, properties_length, sound)
 
 
 def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:

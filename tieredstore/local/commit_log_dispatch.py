@@ -44,10 +44,9 @@ from tieredstore.formats.message import (
     store_timestamp_of,
 )
 from tieredstore.formats.naming import validate_topic
+from tieredstore.formats.records import HEAD_BYTES, Layout
 from tieredstore.local.batch import (
-    HEAD_BYTES,
     HotBatch,
-    Layout,
     MappedRegion,
     build,
     followed_problems,
