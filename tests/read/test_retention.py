@@ -7,8 +7,6 @@ import asyncio
 from pathlib import Path
 
 from tests.read.helpers import BASE_TIMESTAMP, HOUR_MS, append_records, make_config, make_record
-from tieredstore.cli.common import open_read_node
-from tieredstore.cli.restore import HotStoreSink, RestoreRequest, restore_archive
 from tieredstore.cli.topic import plan_retention
 from tieredstore.fetcher import GetMessageStatus
 from tieredstore.formats.message import decode
@@ -16,6 +14,8 @@ from tieredstore.formats.naming import FileType
 from tieredstore.index import IndexFileStatus
 from tieredstore.local import LocalMessageStore
 from tieredstore.metadata import SegmentStatus
+from tieredstore.read.node import open_read_node
+from tieredstore.restore import HotStoreSink, RestoreRequest, restore_archive
 from tieredstore.retention import apply_retention
 from tieredstore.runtime import open_runtime
 from tieredstore.store import AsyncTieredMessageStore

@@ -15,12 +15,12 @@ from tests.cli.helpers import Node
 from tests.fixtures.backends import ProviderBackend
 from tests.read.conftest import over_backends
 from tests.read.helpers import BASE_TIMESTAMP, HOUR_MS, config_for_backend, make_record
-from tieredstore.cli.common import open_read_node
-from tieredstore.cli.read import QueueReader
 from tieredstore.config import TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.errors import NotFoundError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
+from tieredstore.read.node import open_read_node
+from tieredstore.read.queue_reader import QueueReader
 from tieredstore.runtime import Runtime, open_runtime
 from tieredstore.store import AsyncTieredMessageStore
 

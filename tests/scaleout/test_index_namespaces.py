@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.read.helpers import make_config
-from tieredstore.cli.common import open_read_node
 from tieredstore.cli.verify import verify_archive
 from tieredstore.config import TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, wall_clock_ms
@@ -28,6 +27,7 @@ from tieredstore.leases import LeaseManager
 from tieredstore.local import LocalMessageStore
 from tieredstore.metadata import IndexFileStatus as RowStatus
 from tieredstore.metadata import MetadataStore, upgrade
+from tieredstore.read.node import open_read_node
 from tieredstore.runtime import Runtime, open_hot_store, open_runtime
 
 TOPIC = "Orders"

@@ -12,19 +12,13 @@ import typer
 from rich.live import Live
 
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import (
-    LIVE_STATUSES,
-    ReadNode,
-    checked_queue_id,
-    checked_topic,
-    iso,
-    now_ms,
-    open_read_node,
-    run,
-)
+from tieredstore.cli.common import checked_queue_id, checked_topic, now_ms, run
 from tieredstore.errors import NotFoundError
 from tieredstore.formats.naming import FileType, segment_key
 from tieredstore.metadata import SegmentFileType, SegmentRecord, SegmentStatus
+from tieredstore.read.archived import LIVE_STATUSES
+from tieredstore.read.node import ReadNode, open_read_node
+from tieredstore.read.records import iso
 from tieredstore.topic_filter import TopicFilter
 
 STATUS_COLUMNS = (

@@ -13,17 +13,11 @@ import typer
 from rich.progress import TaskID
 
 from tieredstore.cli.app import CliState, app, state
-from tieredstore.cli.common import (
-    archivers_seen_running,
-    checked_topic,
-    iso,
-    no_archiver_running,
-    open_read_node,
-    parse_duration,
-    run,
-)
+from tieredstore.cli.common import archivers_seen_running, checked_topic, no_archiver_running, parse_duration, run
 from tieredstore.cli.inspect import human_age
 from tieredstore.metrics import Metrics
+from tieredstore.read.node import open_read_node
+from tieredstore.read.records import iso
 from tieredstore.scrub import Action, Scrubber, ScrubReport, ScrubScope
 
 

@@ -9,18 +9,12 @@ from typing import Annotated, Any
 import typer
 
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import (
-    archived_queue,
-    checked_topic,
-    iso,
-    no_archiver_running,
-    open_read_node,
-    parse_duration,
-    run,
-    segment_rows,
-)
+from tieredstore.cli.common import checked_topic, no_archiver_running, parse_duration, run
 from tieredstore.errors import ValidationError
 from tieredstore.metadata import TopicStatus
+from tieredstore.read.archived import archived_queue, segment_rows
+from tieredstore.read.node import open_read_node
+from tieredstore.read.records import iso
 from tieredstore.retention import (
     QueueRetention,
     RetentionReport,

@@ -36,17 +36,7 @@ from typing import Annotated, Any
 import typer
 
 from tieredstore.cli.app import IntegrityFailure, app, state
-from tieredstore.cli.common import (
-    LIVE_STATUSES,
-    ReadNode,
-    archived_queue,
-    archived_range,
-    checked_queue_id,
-    checked_topic,
-    open_read_node,
-    run,
-    segment_rows,
-)
+from tieredstore.cli.common import checked_queue_id, checked_topic, run
 from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
 from tieredstore.flat.checker import check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
@@ -65,6 +55,8 @@ from tieredstore.orphans import (
     uncatalogued_index_files,
     unrecorded_segments,
 )
+from tieredstore.read.archived import LIVE_STATUSES, archived_queue, archived_range, segment_rows
+from tieredstore.read.node import ReadNode, open_read_node
 
 UNIT_BATCH = 8192
 
