@@ -34,6 +34,7 @@ from tieredstore.formats.records import (
     Expected,
     Fault,
     PackedRun,
+    describe,
     explain,
     first_problem,
     problem_indexes,
@@ -170,6 +171,39 @@ def test_the_cold_window_rule_flags_exactly_what_verify_served_refuses(window: W
     assert explained == refused
 
 
+# ``verify_served``'s words for what ``explain`` finds: the fetcher's error messages, kept.
+SERVED_WORDING = {
+    **dict.fromkeys((Fault.SIZE, Fault.SHORT), "the consume queue says {expected} bytes but {found} were read"),
+    Fault.TOTAL_SIZE: "TOTALSIZE {found} but the consume queue says {expected}",
+    Fault.LAYOUT: "{reason} at offset 0",
+    **dict.fromkeys(
+        (Fault.QUEUE_ID, Fault.QUEUE_OFFSET, Fault.TOPIC),
+        "the record belongs to {topic}/{queue_id} at queue offset {queue_offset}",
+    ),
+}
+
+
+def _served_error(window: Window, index: int) -> str | None:
+    """``verify_served``'s error, or None."""
+    unit = ConsumeQueueUnit(*window.units[index])
+    try:
+        verify_served(window.topic.decode(), QUEUE_ID, FIRST_OFFSET + index, window.raw(index), unit, "cold")
+    except CorruptRecordError as error:
+        return error.reason
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(corrupted())
+def test_explain_in_the_fetcher_s_words_is_verify_served_s_error(window: Window) -> None:
+    for index in range(len(window.units)):
+        rule = Expected(topic=window.topic, queue_id=QUEUE_ID, queue_offsets=FIRST_OFFSET + index)
+        findings = explain(window.raw(index), rule, size=window.units[index][1])
+        words = describe(findings, SERVED_WORDING, rule) if findings else None
+        served = _served_error(window, index)
+        assert words == (None if served is None else served.split("): ", 1)[1])
+
+
 @settings(max_examples=400, deadline=None)
 @given(corrupted())
 def test_the_followed_rule_flags_exactly_what_record_problem_refuses(window: Window) -> None:
@@ -264,6 +298,7 @@ def test_explain_words_each_fault_and_lists_every_identity_fault() -> None:
     assert [(f.fault, f.reason) for f in explain(garbled, Expected())] == [
         (Fault.LAYOUT, "body length 1000 runs past the record end")
     ]
+    assert explain(record[:50], Expected())[0].fault is Fault.SHORT
     assert explain(record[:50], Expected())[0].reason.startswith("truncated record: 50 bytes left")
     assert explain(record, Expected(), size=len(record) + 1)[0].fault is Fault.SIZE
     with pytest.raises(CorruptRecordError, match="body length 1000"):

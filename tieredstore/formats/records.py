@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -355,7 +355,8 @@ def tag_hashes_of(run: RecordRun, layout: Layout, indexes: Int64Array) -> Int64A
 class Fault(enum.StrEnum):
     """What is wrong with one record, in the order ``explain`` looks."""
 
-    SIZE = "size"  # not the bytes expected, or too few for any message
+    SIZE = "size"  # not the bytes expected
+    SHORT = "short"  # too few bytes for any message (the per-record decoder's reason)
     MAGIC = "magic"
     TOTAL_SIZE = "total size"  # TOTALSIZE is not the record's size
     LAYOUT = "layout"  # the length fields do not add up (the per-record decoder's reason)
@@ -387,14 +388,14 @@ def explain(raw: bytes | memoryview, expected: Expected, index: int = 0, *, size
 
     ``size`` is the size expected (default ``len(raw)``). A fault of the size, magic, TOTALSIZE or
     length fields is the only one given (nothing past it can be read); the others are all listed, in
-    ``Fault`` order. The length walk is the per-record decoder's (``verify_record``), and a LAYOUT
-    reason, or the SIZE reason of a record too short for any message, is its error's reason.
+    ``Fault`` order. The length walk is the per-record decoder's (``verify_record``), and a LAYOUT or
+    SHORT reason is its error's reason.
     """
     want = len(raw) if size is None else size
     if len(raw) != want:
         return [Finding(Fault.SIZE, len(raw), want, f"{len(raw)} bytes where {want} were expected")]
     if len(raw) < MIN_RECORD_SIZE:
-        return [Finding(Fault.SIZE, len(raw), want, _decoder_reason(raw))]
+        return [Finding(Fault.SHORT, len(raw), want, _decoder_reason(raw))]
     total, magic = BLANK_HEADER.unpack_from(raw)
     if magic not in (MAGIC_V1, MAGIC_V2):
         return [Finding(Fault.MAGIC, magic, MAGIC_V1, f"bad magic code 0x{magic:08x}")]
@@ -465,3 +466,51 @@ def _identity_findings(
         if computed != want:
             findings.append(Finding(Fault.TAG_HASH, computed, want, f"unit tag hash {want}, TAGS give {computed}"))
     return findings
+
+
+def describe(findings: Sequence[Finding], wording: Mapping[Fault, str], expected: Expected, index: int = 0) -> str:
+    """The first of ``findings`` in the caller's words: ``wording`` maps a fault to a ``str.format`` template
+    (a fault it does not name is worded by its ``reason``).
+
+    A template may use the finding's ``reason``, ``found`` and ``expected``, and the record's identity as it
+    holds it (``topic``, decoded, ``queue_id``, ``queue_offset``, ``physical_offset``) and as ``expected``
+    says it should be (``expected_topic``, ``expected_queue_id``, ...), so a caller can name the record's
+    owner whichever identity field was wrong.
+    """
+    first = findings[0]
+    template = wording.get(first.fault)
+    if template is None:
+        return first.reason
+    held = {finding.fault: finding for finding in findings}
+    offsets = expected.queue_offsets
+    wanted = {
+        "topic": expected.topic or b"",
+        "queue_id": expected.queue_id,
+        "queue_offset": offsets + index
+        if isinstance(offsets, int)
+        else None
+        if offsets is None
+        else int(offsets[index]),
+        "physical_offset": None if expected.physical_offsets is None else int(expected.physical_offsets[index]),
+    }
+    holds = dict(wanted)
+    if Fault.TOPIC in held:
+        holds["topic"] = held[Fault.TOPIC].owner
+    for fault, name in (
+        (Fault.QUEUE_ID, "queue_id"),
+        (Fault.QUEUE_OFFSET, "queue_offset"),
+        (Fault.PHYSICAL_OFFSET, "physical_offset"),
+    ):
+        if fault in held:
+            holds[name] = held[fault].found
+
+    def text(topic: object) -> object:
+        return topic.decode("utf-8", errors="replace") if isinstance(topic, bytes) else topic
+
+    return template.format(
+        reason=first.reason,
+        found=first.found,
+        expected=first.expected,
+        **{name: text(value) for name, value in holds.items()},
+        **{f"expected_{name}": text(value) for name, value in wanted.items()},
+    )
