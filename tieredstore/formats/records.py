@@ -150,7 +150,8 @@ class PackedRun:
         return cls.at(data, starts, lengths)
 
 
-@dataclass(frozen=True, slots=True)
+# Not comparable: its arrays have no single truth value.
+@dataclass(frozen=True, slots=True, eq=False)
 class Expected:
     """What a caller knows each record of a run must be; a field left None is not checked.
 
