@@ -15,13 +15,16 @@ archived. A hole with commit-log bytes in it is one that lost archived messages:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from tieredstore.errors import CorruptRecordError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import decode, same_but_physical_offset, tag_hash
+from tieredstore.formats.message import same_but_physical_offset
+from tieredstore.formats.records import Expected, Fault, Finding, PackedRun, explain, problem_indexes
 
 ReferenceLookup = Callable[[int], bytes | None] | Mapping[int, bytes]
 DEFAULT_BATCH = 1024
@@ -131,6 +134,8 @@ async def check_queue_invariant(
             start = units[0].commitlog_offset
             end = max(u.commitlog_offset + u.size for u in units)
             raw = await flat_file.read_commit_log(start, end - start) if end > start else b""
+            expected = _expected(flat_file, queue_offset, units)
+            suspects = set(problem_indexes(_run(units, raw, start), expected).tolist())
             for index, unit in enumerate(units):
                 offset = queue_offset + index
                 if first:
@@ -146,7 +151,8 @@ async def check_queue_invariant(
                         f"but {unit.commitlog_offset - expected_cl} commit-log bytes were archived for them",
                     )
                     expected_cl = unit.commitlog_offset
-                _check_unit(unit, offset, expected_cl, raw, start, flat_file, reference_of, report)
+                rule = (expected, index) if index in suspects else None
+                _check_unit(unit, offset, expected_cl, raw, start, flat_file, reference_of, report, rule)
                 expected_cl = max(expected_cl, unit.commitlog_offset + unit.size)
             queue_offset += count
             walked_end = queue_offset
@@ -173,6 +179,23 @@ async def check_queue_invariant(
     return problems
 
 
+def _expected(flat_file: FlatMessageFile, queue_offset: int, units: Sequence[ConsumeQueueUnit]) -> Expected:
+    """What the records of ``units`` (from ``queue_offset``) must be: this queue's, where and as their units say."""
+    return Expected(
+        topic=flat_file.topic.encode("utf-8"),
+        queue_id=flat_file.queue_id,
+        queue_offsets=queue_offset,
+        physical_offsets=np.array([unit.commitlog_offset for unit in units], dtype=np.int64),
+        tag_hashes=np.array([unit.tag_hash for unit in units], dtype=np.int64),
+    )
+
+
+def _run(units: Sequence[ConsumeQueueUnit], raw: bytes, raw_start: int) -> PackedRun:
+    """The records ``units`` point at, in ``raw`` (read from commit-log offset ``raw_start``)."""
+    begins = [unit.commitlog_offset - raw_start for unit in units]
+    return PackedRun.at(raw, begins, [unit.size for unit in units])
+
+
 def _check_unit(
     unit: ConsumeQueueUnit,
     queue_offset: int,
@@ -182,7 +205,10 @@ def _check_unit(
     flat_file: FlatMessageFile,
     reference_of: Callable[[int], bytes | None] | None,
     report: Callable[[ProblemKind, int | None, int | None, str], None],
+    rule: tuple[Expected, int] | None,
 ) -> None:
+    """The problems of one unit; its record is judged (``explain``) only when ``rule`` says the batch check
+    flagged it, with what it was expected to be and its index in the batch."""
     cl_offset = unit.commitlog_offset
     if cl_offset > expected_cl:
         report(ProblemKind.COMMIT_LOG_GAP, queue_offset, expected_cl, f"{cl_offset - expected_cl} unreferenced bytes")
@@ -207,24 +233,10 @@ def _check_unit(
     if total != unit.size:
         report(ProblemKind.SIZE_MISMATCH, queue_offset, cl_offset, f"unit size {unit.size}, record size {total}")
         return
-    try:
-        record = decode(record_bytes, location=f"{flat_file.path}/COMMIT_LOG")
-    except CorruptRecordError as error:
-        report(ProblemKind.CORRUPT_RECORD, queue_offset, cl_offset, str(error))
+    if rule is not None and not _report_findings(
+        explain(record_bytes, *rule), unit, queue_offset, f"{flat_file.path}/COMMIT_LOG", flat_file, report
+    ):
         return
-    if record.queue_offset != queue_offset:
-        report(ProblemKind.QUEUE_OFFSET_MISMATCH, queue_offset, cl_offset, f"record says {record.queue_offset}")
-    if record.physical_offset != cl_offset:
-        report(ProblemKind.PHYSICAL_OFFSET_MISMATCH, queue_offset, cl_offset, f"record says {record.physical_offset}")
-    if record.topic != flat_file.topic or record.queue_id != flat_file.queue_id:
-        report(ProblemKind.WRONG_QUEUE, queue_offset, cl_offset, f"record is of {record.topic}/{record.queue_id}")
-    if unit.tag_hash != tag_hash(record.tags):
-        report(
-            ProblemKind.TAG_HASH_MISMATCH,
-            queue_offset,
-            cl_offset,
-            f"unit {unit.tag_hash}, record tags give {tag_hash(record.tags)}",
-        )
     if reference_of is None:
         return
     hot = reference_of(queue_offset)
@@ -238,3 +250,55 @@ def _check_unit(
             cl_offset,
             f"cold bytes ({len(record_bytes)}) differ from the hot copy ({len(hot)}) beyond PHYSICALOFFSET",
         )
+
+
+# The faults a checked record may have beyond being corrupt, and the kind each is reported as.
+_IDENTITY_KINDS = {
+    Fault.QUEUE_OFFSET: ProblemKind.QUEUE_OFFSET_MISMATCH,
+    Fault.PHYSICAL_OFFSET: ProblemKind.PHYSICAL_OFFSET_MISMATCH,
+    Fault.TOPIC: ProblemKind.WRONG_QUEUE,
+    Fault.QUEUE_ID: ProblemKind.WRONG_QUEUE,
+    Fault.TAG_HASH: ProblemKind.TAG_HASH_MISMATCH,
+}
+
+
+def _report_findings(
+    findings: list[Finding],
+    unit: ConsumeQueueUnit,
+    queue_offset: int,
+    location: str,
+    flat_file: FlatMessageFile,
+    report: Callable[[ProblemKind, int | None, int | None, str], None],
+) -> bool:
+    """Report a flagged record's findings as the checker words them; whether the record is whole enough to
+    compare with its hot copy (it is not corrupt)."""
+    cl_offset = unit.commitlog_offset
+    found = {finding.fault: finding for finding in findings}
+    topic = found[Fault.TOPIC].owner if Fault.TOPIC in found else flat_file.topic.encode("utf-8")
+    try:
+        topic_name = topic.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A topic that is not text is a record the decoder refuses, not another queue's.
+        findings = [Finding(Fault.LAYOUT, 0, 0, f"undecodable record: {exc}")]
+    corrupt = [f for f in findings if f.fault not in _IDENTITY_KINDS]
+    if corrupt:
+        report(
+            ProblemKind.CORRUPT_RECORD,
+            queue_offset,
+            cl_offset,
+            str(CorruptRecordError(corrupt[0].reason, location=location, offset=0)),
+        )
+        return False
+    wrong_queue = False
+    for finding in findings:
+        kind = _IDENTITY_KINDS[finding.fault]
+        if kind is ProblemKind.WRONG_QUEUE:
+            if not wrong_queue:
+                queue_id = found[Fault.QUEUE_ID].found if Fault.QUEUE_ID in found else flat_file.queue_id
+                report(kind, queue_offset, cl_offset, f"record is of {topic_name}/{queue_id}")
+            wrong_queue = True
+        elif kind is ProblemKind.TAG_HASH_MISMATCH:
+            report(kind, queue_offset, cl_offset, f"unit {unit.tag_hash}, record tags give {finding.found}")
+        else:
+            report(kind, queue_offset, cl_offset, f"record says {finding.found}")
+    return True

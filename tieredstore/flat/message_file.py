@@ -40,7 +40,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError,
 from tieredstore.flat.append_file import Clock, wall_clock_ms
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import BoundaryType, FlatConsumeQueueFile, HeldOffsets
-from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
+from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -57,6 +57,7 @@ from tieredstore.formats.message import (
     verify_record,
 )
 from tieredstore.formats.naming import FileType
+from tieredstore.formats.records import Expected, PackedRun, first_problem
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentRecord
 from tieredstore.providers.base import Provider
 
@@ -460,13 +461,10 @@ class FlatMessageFile:
         not raises what ``_validate_record`` raises for it."""
         if int(sizes.sum()) != len(data):
             raise ValidationError(f"records of {int(sizes.sum())} bytes in total were given {len(data)} bytes")
-        # A last record shorter than a head reads what there is: it is refused by its size below.
-        heads = gather(np.frombuffer(data, dtype=np.uint8), starts, RECORD_HEAD_DTYPE)
-        magic = heads["magic"]
-        bad = (sizes < MIN_RECORD_SIZE) | ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
-        bad |= heads["queue_offset"] != np.arange(first_offset, first_offset + len(sizes), dtype=np.int64)
-        if bool(bad.any()):
-            first = int(np.argmax(bad))
+        # Whole messages at consecutive queue offsets: the archiver checked the rest of each record.
+        rule = Expected(queue_offsets=first_offset, check_crc=False, head_only=True)
+        first = first_problem(PackedRun.at(data, starts, sizes), rule)
+        if first is not None:
             begin = int(starts[first])
             self._validate_record(bytes(data[begin : begin + int(sizes[first])]), first_offset + first)
             raise ValidationError(f"the record for queue offset {first_offset + first} does not check out")

@@ -6,9 +6,9 @@ their store timestamps. The units of the whole range come from the consume-queue
 per file; the records of one queue are scattered over the shared commit log, so each is one slice of
 its mapped file, joined once. Every check (TOTALSIZE and magic against the unit; for a follower also
 PHYSICALOFFSET, queue id and offset, topic, lengths, tag hash) runs on all records at once over a
-gather of their headers; only a follower's body CRC is computed per record (formats.checksum). A record that
-fails is reported as the per-record readers report it: a CorruptRecordError naming topic, queue,
-queue offset and commit-log offset.
+gather of their headers (the batch record engine, formats.records); only a follower's body CRC is
+computed per record. A record that fails is reported as the per-record readers report it: a
+CorruptRecordError naming topic, queue, queue offset and commit-log offset.
 
 Nothing here keeps a buffer of a mapped file: retention unmaps files while reads run in other
 threads, and an mmap with exported buffers cannot be closed. Slices of an mmap are copies.
@@ -16,8 +16,6 @@ threads, and an mmap with exported buffers cannot be closed. Slices of an mmap a
 
 from __future__ import annotations
 
-import bisect
-import functools
 import itertools
 import mmap
 from collections.abc import Sequence
@@ -28,18 +26,22 @@ import numpy as np
 import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
-from tieredstore.formats.arrays import UNIT_DTYPE, gather_rows
-from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
+from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
-from tieredstore.formats.message import (
-    MAGIC_V1,
-    MAGIC_V2,
-    MIN_RECORD_SIZE,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_TAGS,
-    tag_hash,
+from tieredstore.formats.message import MIN_RECORD_SIZE
+from tieredstore.formats.records import (
+    HEAD_DTYPE,
+    Expected,
+    Layout,
+    first_problem,
+    gather_heads,
+    records_holding,
+    store_timestamps_of,
+    tag_hashes_of,
 )
-from tieredstore.formats.records import HEAD_DTYPE, Layout, gather_heads, store_timestamps_of
+from tieredstore.formats.records import (
+    tag_hash_of as tag_hash_of,  # the follower's per-record check takes it from here
+)
 from tieredstore.local.mapped_file import release_mapped_pages
 
 Int64Array = npt.NDArray[np.int64]
@@ -47,7 +49,6 @@ BoolArray = npt.NDArray[np.bool_]
 
 # How much of a file a batch read unmapping as it goes (``copy_records``) holds mapped at most.
 UNMAP_STEP = 4 << 20
-_TAGS_MARKER = f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}".encode()
 
 
 class MappedRegion(Protocol):
@@ -121,28 +122,8 @@ class HotBatch:
         return bytes(self.data[start : start + int(self.units["size"][index])])
 
     def records_holding(self, markers: Sequence[bytes]) -> list[int]:
-        """Indexes of the records whose properties contain one of ``markers`` (a record whose length fields
-        do not add up is searched whole): one scan over the properties of all records, not one per record."""
-        layout = Layout.of(self)
-        begins = np.where(layout.sound, self.starts + layout.properties_at, self.starts)
-        lengths = np.where(layout.sound, layout.properties_length, self.sizes)
-        searched = np.flatnonzero(lengths > 0)
-        if not len(searched):
-            return []
-        begins, lengths = begins[searched], lengths[searched]
-        with memoryview(self.data) as view:
-            joined = b"".join([view[b : b + n] for b, n in zip(begins.tolist(), lengths.tolist(), strict=True)])
-        # Lists, not arrays: a bisect per hit costs a tenth of a numpy call's overhead.
-        ends = np.cumsum(lengths).tolist()
-        pieces = searched.tolist()
-        found: set[int] = set()
-        for marker in markers:
-            at = joined.find(marker)
-            while at >= 0:
-                piece = bisect.bisect_right(ends, at)
-                found.add(pieces[piece])  # a marker across two pieces only costs a decode
-                at = joined.find(marker, max(at + 1, ends[piece]))
-        return sorted(found)
+        """Indexes of the records whose properties contain one of ``markers`` (``formats.records.records_holding``)."""
+        return records_holding(self, Layout.of(self), markers)
 
 
 def units_from(files: Sequence[MappedRegion], queue_offset: int, count: int) -> bytes:
@@ -291,15 +272,12 @@ def check_written(batch: HotBatch) -> None:
 
     CorruptRecordError for the first that is not (the same check ``check_unit_record`` makes one by one).
     """
-    heads = batch.heads
-    sizes = batch.sizes
-    magic = heads["magic"]
-    bad = (sizes < MIN_RECORD_SIZE) | (heads["total_size"] != sizes) | ((magic != MAGIC_V1) & (magic != MAGIC_V2))
-    index = _first(bad)
+    index = first_problem(batch, _WRITTEN)
     if index is None:
         return
-    size = int(sizes[index])
-    total, found = (int(heads["total_size"][index]), int(magic[index])) if size >= 8 else (0, 0)
+    size = int(batch.sizes[index])
+    heads = batch.heads
+    total, found = (int(heads["total_size"][index]), int(heads["magic"][index])) if size >= 8 else (0, 0)
     raise CorruptRecordError(
         f"hot record of {batch.topic}/{batch.queue_id} offset {batch.first_offset + index}: the consume-queue "
         f"unit says {size} bytes but the record header says {total} (magic 0x{found:08x}; a message is at "
@@ -309,91 +287,38 @@ def check_written(batch: HotBatch) -> None:
     )
 
 
+# The writer's records are checked for what its own writes could get wrong only: size and magic.
+_WRITTEN = Expected(check_crc=False, head_only=True)
+
+
+def followed_expected(batch: HotBatch, topic_raw: bytes) -> Expected:
+    """What each record of a followed store's batch must be: ``record_problem``'s rule for every record."""
+    return Expected(
+        topic=topic_raw,
+        queue_id=batch.queue_id,
+        queue_offsets=batch.first_offset,
+        physical_offsets=batch.units["commitlog_offset"].astype(np.int64),
+        tag_hashes=batch.tag_hashes,
+        terminated=True,
+    )
+
+
 def followed_problems(batch: HotBatch, topic_raw: bytes) -> int | None:
     """Index of the first record of a followed store that ``record_problem`` would refuse, or None.
 
-    The same checks, all records at once: magic, TOTALSIZE, PHYSICALOFFSET, queue id and offset, the
-    body, topic and properties lengths ending at the record's end, the topic, a final 0x02, the tag
-    hash (computed only for records whose properties hold TAGS or whose unit has a tag hash) and the
-    body CRC (formats.checksum, per record).
+    The same checks, all records at once (``formats.records.first_problem``): magic, TOTALSIZE,
+    PHYSICALOFFSET, queue id and offset, the body, topic and properties lengths ending at the record's
+    end, the topic, a final 0x02, the tag hash and the body CRC.
     """
-    count = len(batch)
-    if count == 0:
+    if not len(batch):
         return None
-    heads = batch.heads
-    units = batch.units
-    sizes = batch.sizes
-    magic = heads["magic"]
-    bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (heads["total_size"] != sizes)
-    bad |= heads["physical_offset"] != units["commitlog_offset"]
-    bad |= heads["queue_id"] != batch.queue_id
-    bad |= heads["queue_offset"] != np.arange(batch.first_offset, batch.next_offset, dtype=np.int64)
-    layout = Layout.of(batch)
-    bad |= ~layout.sound | (layout.topic_length != len(topic_raw))
-    flat = np.frombuffer(batch.data, dtype=np.uint8)
-    if topic_raw:
-        topics = gather_rows(flat, batch.starts + layout.topic_at, len(topic_raw))
-        bad |= (topics != np.frombuffer(topic_raw, dtype=np.uint8)).any(axis=1)
-    last_byte = flat[np.clip(batch.starts + sizes - 1, 0, len(flat) - 1)]
-    bad |= (layout.properties_length > 0) & (last_byte != 0x02)
-    first_bad = _first(bad)
-    # The rest is per record: only records before the first bad one need it (the rest are not served).
-    checked = count if first_bad is None else first_bad
-    tag_bad = _tag_mismatches(batch, layout.properties_at, checked)
-    if tag_bad is not None:
-        checked = tag_bad
-    crc_bad = _crc_mismatch(batch, layout.body_at, layout.body_length, checked)
-    for candidate in (crc_bad, tag_bad, first_bad):
-        if candidate is not None:
-            return candidate
-    return None
-
-
-def tag_hash_of(properties: bytes) -> int:
-    """The tag hash a writer gives a record with these properties (0 without TAGS)."""
-    at = properties.find(_TAGS_MARKER)
-    if at < 0 or (at > 0 and properties[at - 1] != 0x02):
-        return 0
-    start = at + len(_TAGS_MARKER)
-    end = properties.find(b"\x02", start)
-    return _stored_tags_hash(properties[start : end if end >= 0 else len(properties)])
-
-
-@functools.lru_cache(maxsize=4096)
-def _stored_tags_hash(tags: bytes) -> int:
-    """``tag_hash`` of a TAGS value as stored, remembered: a topic's messages carry few distinct tags, and the
-    hash is a loop per character."""
-    return tag_hash(tags.decode("utf-8", "replace"))
+    return first_problem(batch, followed_expected(batch, topic_raw))
 
 
 def record_tag_hashes(batch: HotBatch, properties_at: Int64Array, count: int) -> Int64Array:
     """The tag hash a writer gives each of the first ``count`` records (``tag_hash_of`` their properties),
     computed only for the records whose properties hold TAGS: the rest are 0."""
-    hashes = np.zeros(count, dtype=np.int64)
-    holding = [index for index in batch.records_holding([_TAGS_MARKER]) if index < count]
-    if holding:
-        starts, sizes, at = batch.starts.tolist(), batch.units["size"].tolist(), properties_at.tolist()
-        data = batch.data
-        hashes[holding] = [tag_hash_of(bytes(data[starts[i] + at[i] : starts[i] + sizes[i]])) for i in holding]
-    return hashes
-
-
-def _tag_mismatches(batch: HotBatch, properties_at: Int64Array, checked: int) -> int | None:
-    """The first of the first ``checked`` records whose unit tag hash is not its TAGS' hash, or None."""
-    tags = batch.units["tag_hash"][:checked].astype(np.int64)
-    return _first(record_tag_hashes(batch, properties_at, checked) != tags)
-
-
-def _crc_mismatch(batch: HotBatch, body_at: Int64Array, body_length: Int64Array, checked: int) -> int | None:
-    """The first of the first ``checked`` records whose body CRC is not the one it holds, or None."""
-    crcs = batch.heads["body_crc"][:checked].astype(np.int64).tolist()
-    begins = (batch.starts[:checked] + body_at[:checked]).tolist()
-    ends = (batch.starts[:checked] + body_at[:checked] + body_length[:checked]).tolist()
-    with memoryview(batch.data) as view:
-        for index, (begin, end, crc) in enumerate(zip(begins, ends, crcs, strict=True)):
-            if crc32(view[begin:end]) & BODY_CRC_MASK != crc:
-                return index
-    return None
+    return tag_hashes_of(batch, Layout.of(batch), np.arange(count, dtype=np.int64))
 
 
 class WrittenLog(Protocol):
