@@ -146,7 +146,7 @@ async def test_a_reader_starting_a_prefetch_lets_the_worker_thread_read_before_i
             assert [m.queue_offset for m in first.messages] == list(range(10))
             # both windows ahead were read while the reader waited (the second one started by the first's read)
             assert reads.count(FileType.COMMIT_LOG) == 3
-            (ahead,) = store.fetcher._prefetches.values()
+            (ahead,) = [reader.prefetches for reader in store.fetcher.prefetches.ahead.values()]
             assert [prefetch.offset for prefetch in ahead] == [100, 200]
             assert ahead[1].task.done()  # read, split and checked too
             assert await _consume(store, 10, 100) == list(range(10, 100))
@@ -289,7 +289,9 @@ async def test_a_failed_prefetch_raises_to_the_reader_of_its_window_then_is_read
             assert reads.count(FileType.COMMIT_LOG) == 2
             # a prefetch that fails while its reader goes elsewhere is dropped without a trace
             store.fetcher.cache.clear()
-            store.fetcher._window_ends.clear()  # as for a reader starting at the queue's oldest record
+            store.fetcher.queue_state(
+                TOPIC, 0
+            ).cold.window_end = None  # as for a reader starting at the queue's oldest record
             reads.failing, reads.spared = True, 1
             await store.get_messages(TOPIC, 0, 0, 1)
             assert store.fetcher.prefetching == 1
@@ -308,7 +310,7 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [100, 200) hangs
             await store.get_messages(TOPIC, 0, 0, 32)
             await asyncio.sleep(0.01)
-            (stuck,) = store.fetcher._prefetch_tasks()
+            (stuck,) = store.fetcher.prefetches.tasks()
             assert not stuck.done()
             reads.gate = None
             # the reader jumps past it: the prefetch is cancelled and the window there read; a reader jumping
@@ -324,7 +326,7 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [450, 500) hangs
             assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 350, 2)).messages] == [350, 351]
             await asyncio.sleep(0.01)
-            (in_flight,) = store.fetcher._prefetch_tasks()
+            (in_flight,) = store.fetcher.prefetches.tasks()
             assert not in_flight.done()
         # leaving the store closed it: the prefetch was cancelled and waited for
         assert in_flight.cancelled() and store.fetcher.prefetching == 0
