@@ -91,7 +91,6 @@ from here are re-exported.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from collections.abc import Callable
@@ -118,7 +117,7 @@ from tieredstore.read.results import (
     ReadBatch,
 )
 from tieredstore.read.routing import IN_MEMORY_RATIO, TierRouter, physical_memory_bytes, validate_queue
-from tieredstore.read.state import Continuation, QueueState
+from tieredstore.read.state import Continuation, QueueStates
 from tieredstore.read.tiers import read_cold, read_hot
 
 __all__ = [
@@ -144,11 +143,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
-# (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
-_PREFETCH_YIELD_INTERVAL = 0.001
-# How long such a turn gives the GIL to worker threads reading prefetches (seconds): short beside serving.
-_GIL_HANDOFF = 50e-6
 # What a failed tier raises when another tier may still serve the offset.
 _TIER_FAILURES = (StorageError, IntegrityError, NotFoundError)
 
@@ -185,8 +179,11 @@ class MessageFetcher:
             readers=self.settings.read_ahead_readers,
         )
         self.prefetches = PrefetchPool(self.cache)
-        self._queues: dict[tuple[str, int], QueueState] = {}
-        self._last_yield = 0.0  # when a call last gave the event loop a turn for prefetches (time.monotonic)
+        settings = self.settings
+        self._cold_options = ColdReadOptions(
+            settings.read_ahead_count, settings.read_ahead_size, settings.read_ahead_ttl, settings.prefetch_handoff
+        )
+        self.queues = QueueStates(flat, read_only_cold)  # one state object per queue
 
     @property
     def hot(self) -> LocalMessageStore | None:
@@ -204,13 +201,6 @@ class MessageFetcher:
     def read_policy(self) -> ReadPolicy:
         return self.settings.read_policy
 
-    def queue_state(self, topic: str, queue_id: int) -> QueueState:
-        """The queue's read state, created on first use."""
-        state = self._queues.get((topic, queue_id))
-        if state is None:
-            state = self._queues[(topic, queue_id)] = QueueState()
-        return state
-
     # ---- offsets --------------------------------------------------------------------------------------
 
     async def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
@@ -219,19 +209,7 @@ class MessageFetcher:
         A queue whose recovery failed is recovered again here (a StorageError if it still fails).
         With ``read_only_cold`` it is the queue's read-only view, opened on first use.
         """
-        loaded = self._loaded_cold_file(topic, queue_id)
-        if loaded is not None:
-            return loaded
-        if self.read_only_cold:
-            try:
-                view = await self.flat.open_read_only(topic, queue_id)
-            except NotFoundError:
-                return None  # not cached: the archiver may create the queue later
-            self.queue_state(topic, queue_id).view = view
-            return view
-        if (topic, queue_id) in self.flat.failed:
-            return await self.flat.get_or_create(topic, queue_id)
-        return None
+        return await self.queues.cold_file(topic, queue_id)
 
     async def refresh_cold(self, topic: str, queue_id: int, *, if_changed: bool = False) -> bool:
         """Re-read a read-only view's rows (see what another process committed); False if there is none.
@@ -241,31 +219,13 @@ class MessageFetcher:
         topic was removed) loses its view, so it reads as unknown.
         """
         validate_queue(topic, queue_id)
-        state = self._queues.get((topic, queue_id))
-        if state is None or state.view is None:
-            return False
-        try:
-            await state.view.refresh(if_changed=if_changed)
-        except NotFoundError:
-            state.view = None
-            state.continuation = None  # nor keep the view alive through it
-        return True
+        return await self.queues.refresh_cold(topic, queue_id, if_changed=if_changed)
 
     async def offsets(self, topic: str, queue_id: int) -> QueueOffsets:
         """The queue's offsets in each tier and over the tiers this policy reads."""
         validate_queue(topic, queue_id)
         cold = None if self.read_policy is ReadPolicy.DISABLE else await self.cold_file(topic, queue_id)
         return self.router.offsets(topic, queue_id, cold)
-
-    def _loaded_cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
-        """The queue's cold file if it is loaded already (``cold_file`` without opening or recovering one)."""
-        if self.read_only_cold:
-            state = self._queues.get((topic, queue_id))
-            return None if state is None else state.view
-        try:
-            return self.flat.get(topic, queue_id)
-        except NotFoundError:
-            return None
 
     async def min_offset(self, topic: str, queue_id: int) -> int:
         return (await self.offsets(topic, queue_id)).min_offset
@@ -290,20 +250,10 @@ class MessageFetcher:
             raise ValidationError(f"offset must be an integer, not {offset!r}")
         if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
             raise ValidationError(f"max_count must be a positive integer, not {max_count!r}")
-        if self.prefetches.in_flight:
-            # Served from the cache, a call never waits: now and then, let the prefetches in flight take in
-            # their data. Not on every call: a loop turn costs more than serving a few cached messages. The
-            # S3 and POSIX providers read in worker threads, which need the GIL after each piece of a
-            # response arrives, and a thread holding it (this one, serving) gives it up only every switch
-            # interval: a short sleep hands it over now.
-            now = time.monotonic()
-            if now - self._last_yield >= _PREFETCH_YIELD_INTERVAL:
-                self._last_yield = now
-                time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop 50 µs on purpose, to release the GIL
-                await asyncio.sleep(0)
+        await self.prefetches.yield_to_prefetches()
         if message_filter is None and type(topic) is str and type(queue_id) is int:
             # (Any other topic or queue id is not one a continuation was left for; the full path names it.)
-            state = self._queues.get((topic, queue_id))
+            state = self.queues.get(topic, queue_id)
             continued = None
             if state is not None:
                 continued = state.go_on(
@@ -311,7 +261,7 @@ class MessageFetcher:
                     max_count,
                     policy=self.read_policy,
                     hot_span=lambda: self.router.hot_span(topic, queue_id),
-                    cold=lambda: self._loaded_cold_file(topic, queue_id),
+                    cold=lambda: self.queues.loaded_cold_file(topic, queue_id),
                     cache=self.cache,
                     max_age=self.settings.read_ahead_ttl if self.read_only_cold else None,
                 )
@@ -342,9 +292,9 @@ class MessageFetcher:
             # comes here again at least every read_ahead_ttl).
             view = await self.offsets(topic, queue_id)
         # What the view rests on, taken with it (no await in between), for the next call to go on from.
-        cold = self._loaded_cold_file(topic, queue_id)
+        cold = self.queues.loaded_cold_file(topic, queue_id)
         held = None if cold is None else cold.consume_queue.held()
-        state = self._queues.get((topic, queue_id))
+        state = self.queues.get(topic, queue_id)
         if state is not None:
             state.continuation = None
 
@@ -369,7 +319,7 @@ class MessageFetcher:
         if not batch.messages:
             return result(GetMessageStatus.NO_MATCHED_MESSAGE, batch.next_offset)
         if message_filter is None and batch.window is not None and cold is not None and held is not None:
-            self.queue_state(topic, queue_id).continuation = Continuation(
+            self.queues.of(topic, queue_id).continuation = Continuation(
                 batch.next_offset, weakref.ref(batch.window), view, cold, held, self.cache.clock()
             )
         return result(GetMessageStatus.FOUND, batch.next_offset, batch.messages)
@@ -434,11 +384,8 @@ class MessageFetcher:
         flat_file = await self.cold_file(topic, queue_id)
         if flat_file is None:
             raise NotFoundError(f"cold queue {topic}/{queue_id} is not loaded")
-        settings = self.settings
-        options = ColdReadOptions(
-            settings.read_ahead_count, settings.read_ahead_size, settings.read_ahead_ttl, settings.prefetch_handoff
-        )
-        reader = self.queue_state(topic, queue_id).cold_reader(flat_file, options, self.prefetches, self._count_read)
+        state = self.queues.of(topic, queue_id)
+        reader = state.cold_reader(flat_file, self._cold_options, self.prefetches, self._count_read)
         # A read stops where offsets recorded as lost begin; the next call is answered OFFSET_FOUND_NULL.
         run_end = min(cold_max, flat_file.archived_run_end(offset))
         scan_end = self._scan_end(offset, run_end, max_count)
@@ -463,7 +410,7 @@ class MessageFetcher:
 
     async def close(self) -> None:
         """Cancel the prefetches in flight and wait for them; no prefetch starts afterwards."""
-        for state in self._queues.values():
+        for state in self.queues.all():
             state.continuation = None
         await self.prefetches.close()
 

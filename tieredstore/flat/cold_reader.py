@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,6 +50,11 @@ CACHE_BYPASS_RATIO = 0.8
 # Windows of a queue read ahead of the one its reader is in: the next one's read starts as soon as the
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
+# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
+# (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
+_PREFETCH_YIELD_INTERVAL = 0.001
+# How long such a turn gives the GIL to worker threads reading prefetches (seconds): short beside serving.
+_GIL_HANDOFF = 50e-6
 
 
 @dataclass(slots=True)
@@ -132,6 +138,7 @@ class PrefetchPool:
         self.prefetch_bytes = 0
         self.pending_bytes = 0  # windows being read by their readers that have started one ahead, until cached
         self.in_flight = 0  # prefetches still reading
+        self.last_yield = 0.0  # when a reader last gave the event loop a turn for them (time.monotonic)
         self.closed = False
 
     def room_for(self, expected_bytes: int) -> bool:
@@ -143,6 +150,35 @@ class PrefetchPool:
         for reader in list(self.ahead.values()):
             if reader.prefetches and now - reader.prefetches[0].started > ttl:
                 reader.forget_prefetches()
+
+    def cancel(self, reader: ColdQueueReader, prefetches: list[_Prefetch]) -> None:
+        """Cancel windows ``reader`` no longer holds ahead, giving back their budget."""
+        for prefetch in prefetches:
+            self.prefetch_bytes -= prefetch.reserved_bytes
+            prefetch.task.cancel()
+        self.settle(reader)
+
+    def settle(self, reader: ColdQueueReader) -> None:
+        """Forget ``reader``'s queue once it holds no window ahead."""
+        if not reader.prefetches:
+            self.ahead.pop(reader.key, None)
+
+    async def yield_to_prefetches(self) -> None:
+        """While prefetches are in flight, give the event loop a turn now and then (a call served from the
+        cache never waits, so they would not progress otherwise).
+
+        Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
+        providers read in worker threads, which need the GIL after each piece of a response arrives, and a
+        thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
+        it over now.
+        """
+        if not self.in_flight:
+            return
+        now = time.monotonic()
+        if now - self.last_yield >= _PREFETCH_YIELD_INTERVAL:
+            self.last_yield = now
+            time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop briefly on purpose, to release the GIL
+            await asyncio.sleep(0)
 
     def done(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
         self.in_flight -= 1
@@ -201,8 +237,12 @@ class ColdQueueReader:
     # ---- what is archived -----------------------------------------------------------------------------
 
     def run_end(self, offset: int) -> int:
-        """Where a read from ``offset`` stops: the end of the archived run holding it (lost offsets follow)."""
-        return min(self.flat_file.archived_offset, self.flat_file.archived_run_end(offset))
+        """Where a read from ``offset`` stops: the end of the archived run holding it (lost offsets or the
+        archived offset follow); ``offset`` itself when it is not archived."""
+        try:
+            return min(self.flat_file.archived_offset, self.flat_file.archived_run_end(offset))
+        except NotFoundError:
+            return offset
 
     def next_archived(self, offset: int) -> int:
         """``offset`` if it is archived (or at the end), else the first archived offset after the lost ones."""
@@ -444,34 +484,22 @@ class ColdQueueReader:
             self.forget_prefetches()
             return None
         prefetch = ahead.pop(0)
-        self._release(prefetch)
+        pool = self.pool
+        assert pool is not None  # only a reader with a pool has windows read ahead
+        pool.prefetch_bytes -= prefetch.reserved_bytes
+        pool.settle(self)
         return await prefetch.task
 
     def drop_ahead(self, offset: int) -> None:
         """Cancel the queue's windows read ahead that begin after ``offset``."""
         kept = [prefetch for prefetch in self.prefetches if prefetch.offset <= offset]
-        self._cancel(self.prefetches[len(kept) :])
+        dropped = self.prefetches[len(kept) :]
         self.prefetches[:] = kept
-        self._release()
+        if self.pool is not None:
+            self.pool.cancel(self, dropped)
 
     def forget_prefetches(self) -> None:
         """Cancel all the queue's windows read ahead."""
         dropped, self.prefetches = self.prefetches, []
-        self._cancel(dropped)
-        self._release()
-
-    def _cancel(self, prefetches: list[_Prefetch]) -> None:
-        for prefetch in prefetches:
-            if self.pool is not None:
-                self.pool.prefetch_bytes -= prefetch.reserved_bytes
-            prefetch.task.cancel()
-
-    def _release(self, taken: _Prefetch | None = None) -> None:
-        """Give back the budget of a window its reader took; forget the queue in the pool when none is left."""
-        pool = self.pool
-        if pool is None:
-            return
-        if taken is not None:
-            pool.prefetch_bytes -= taken.reserved_bytes
-        if not self.prefetches:
-            pool.ahead.pop(self.key, None)
+        if self.pool is not None:
+            self.pool.cancel(self, dropped)

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tieredstore.config import ReadPolicy
+from tieredstore.errors import NotFoundError
 from tieredstore.flat.append_file import HeldRuns
 from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, CountRead, PrefetchPool
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.served import ReadAheadBatch
+from tieredstore.flat.store import FlatFileStore
 from tieredstore.read.cache import ReadAheadCache
 from tieredstore.read.results import GetMessageResult, GetMessageStatus, QueueOffsets, window_messages
 
@@ -106,3 +108,65 @@ class QueueState:
         if end == window.end_offset:
             cache.read_through(window)
         return GetMessageResult(GetMessageStatus.FOUND, end, view.min_offset, view.max_offset, messages)
+
+
+class QueueStates:
+    """Every queue's read state, and each queue's cold file: ``flat``'s recovered queue, or with
+    ``read_only_cold`` a read-only view kept in the queue's state."""
+
+    def __init__(self, flat: FlatFileStore, read_only_cold: bool) -> None:
+        self.flat = flat
+        self.read_only_cold = read_only_cold
+        self._states: dict[tuple[str, int], QueueState] = {}
+
+    def get(self, topic: str, queue_id: int) -> QueueState | None:
+        return self._states.get((topic, queue_id))
+
+    def of(self, topic: str, queue_id: int) -> QueueState:
+        """The queue's read state, created on first use."""
+        state = self._states.get((topic, queue_id))
+        if state is None:
+            state = self._states[(topic, queue_id)] = QueueState()
+        return state
+
+    def all(self) -> list[QueueState]:
+        return list(self._states.values())
+
+    def loaded_cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
+        """The queue's cold file if it is loaded already (``cold_file`` without opening or recovering one)."""
+        if self.read_only_cold:
+            state = self._states.get((topic, queue_id))
+            return None if state is None else state.view
+        try:
+            return self.flat.get(topic, queue_id)
+        except NotFoundError:
+            return None
+
+    async def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
+        """The queue's loaded cold file; None if cold storage does not know the queue (see
+        ``MessageFetcher.cold_file``)."""
+        loaded = self.loaded_cold_file(topic, queue_id)
+        if loaded is not None:
+            return loaded
+        if self.read_only_cold:
+            try:
+                view = await self.flat.open_read_only(topic, queue_id)
+            except NotFoundError:
+                return None  # not cached: the archiver may create the queue later
+            self.of(topic, queue_id).view = view
+            return view
+        if (topic, queue_id) in self.flat.failed:
+            return await self.flat.get_or_create(topic, queue_id)
+        return None
+
+    async def refresh_cold(self, topic: str, queue_id: int, *, if_changed: bool) -> bool:
+        """Re-read a read-only view's rows; False if there is none (see ``MessageFetcher.refresh_cold``)."""
+        state = self._states.get((topic, queue_id))
+        if state is None or state.view is None:
+            return False
+        try:
+            await state.view.refresh(if_changed=if_changed)
+        except NotFoundError:
+            state.view = None
+            state.continuation = None  # nor keep the view alive through it
+        return True
