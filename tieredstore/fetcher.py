@@ -197,6 +197,10 @@ class MessageFetcher:
     def hot_in_memory_bytes(self) -> int:
         return self.router.hot_in_memory_bytes
 
+    @hot_in_memory_bytes.setter
+    def hot_in_memory_bytes(self, size: int) -> None:
+        self.router.hot_in_memory_bytes = size
+
     @property
     def read_policy(self) -> ReadPolicy:
         return self.settings.read_policy

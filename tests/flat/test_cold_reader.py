@@ -3,8 +3,11 @@ object ends, stopping at lost offsets."""
 
 from __future__ import annotations
 
+import pytest
+
+from tieredstore.errors import NotFoundError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
-from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions
+from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, LostRange
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import same_but_physical_offset
 from tieredstore.formats.naming import FileType
@@ -69,3 +72,21 @@ async def test_a_window_is_trimmed_to_its_byte_bound_but_never_below_one_record(
     assert window is not None and len(window) == 1 and same_but_physical_offset(window.raw(3), hot[3])
     jumped = await reader.read(25, 2)
     assert jumped is not None and same_but_physical_offset(jumped.raw(25), hot[25]) and len(jumped) == 1
+
+
+async def test_windows_from_a_start_report_the_lost_offsets_between_them(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    queue, _hot = await _queue_with_hole(memory_provider, metadata)
+    reader = ColdQueueReader(queue, ColdReadOptions(window_count=4, window_bytes=1 << 20))
+    items = [item async for item in reader.windows(9, 40)]
+    lost = [item for item in items if isinstance(item, LostRange)]
+    assert lost == [LostRange(12, 20)]
+    offsets = [
+        at for item in items if not isinstance(item, LostRange) for at in range(item.first_offset, item.end_offset)
+    ]
+    assert offsets == [*range(9, 12), *range(20, 30)]
+    assert all(len(item) <= 4 for item in items if not isinstance(item, LostRange))
+    assert [item async for item in reader.windows(14, 16)] == [LostRange(14, 16)]
+    with pytest.raises(NotFoundError, match="below the cold min offset"):
+        [item async for item in ColdQueueReader(queue, reader.options).windows(-1, 5)]

@@ -11,7 +11,11 @@ queue's oldest record, read from the commit log's start, where that record almos
 window (a reader's first, or one after a jump) reads its consume-queue units first, then the commit log
 they point at; so does a following window whose records do not check out (offsets lost in between,
 damage), so that the consume queue has the last word. Every record is checked once, when its window is
-read (``served.check_window``). A read never crosses offsets recorded as lost (``run_end``).
+read (``served.check_window``). A read never crosses offsets recorded as lost (``run_end``);
+``windows`` reports them as a ``LostRange`` between the windows around them.
+
+Callers: the fetcher reads through ``window`` (with its cache and a ``PrefetchPool``); a batch reader
+(restore, the CLI's ``read``/``tail``, a Spark partition) through ``read`` or ``windows``, without either.
 
 **Prefetching.** Given a ``PrefetchPool`` (one per reading process: one byte budget over its queues),
 the windows after one read for a reader going through the queue are read in the background,
@@ -28,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -77,10 +81,20 @@ def follow_after(batch: ReadAheadBatch) -> FollowPoint:
 OnSplit = Callable[[FollowPoint, int], bool]
 # Counts one range read sent to cold storage, by the file it read.
 CountRead = Callable[[FileType], None]
+# Told where the record after a window lies (and the window's size) once its read is split.
+_SplitDone = Callable[[FollowPoint, int], Awaitable[None]]
 
 
 def _no_count(_file_type: FileType) -> None:
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class LostRange:
+    """Queue offsets [start, end) the hot store lost before they were archived: no record holds them."""
+
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +272,31 @@ class ColdQueueReader:
             return None
         return await self._read_records(self.flat_file, offset, count)
 
+    async def windows(
+        self, start: int, end: int, count: int | None = None
+    ) -> AsyncIterator[ReadAheadBatch | LostRange]:
+        """The windows of up to ``count`` (``window_count``) records from ``start`` to ``end`` (or the archived
+        offset) in order, with a ``LostRange`` where offsets were recorded as lost instead of archived.
+
+        Its window is a caller's to keep: the reader holds on only to where the next record lies, so a
+        caller going on from a window's end reads on without a consume-queue read.
+        """
+        low = self.flat_file.min_offset
+        if start < low:
+            raise NotFoundError(f"offset {start} of {self.key[0]}/{self.key[1]} is below the cold min offset {low}")
+        offset = start
+        while offset < end:
+            archived = self.next_archived(offset)
+            if archived != offset:
+                yield LostRange(offset, min(archived, end))
+                offset = min(archived, end)
+                continue
+            window = await self.read(offset, min(self.options.window_count if count is None else count, end - offset))
+            if window is None:
+                return
+            yield window
+            offset = window.end_offset
+
     async def window(
         self, offset: int, end: int, needed: int, run_end: int, *, use_cache: bool
     ) -> ReadAheadBatch | None:
@@ -344,95 +383,23 @@ class ColdQueueReader:
             # A reader starting at the oldest record: it most likely starts the commit log.
             guess = flat_file.first_record_guess()
             follow = None if guess is None else FollowPoint(offset, guess[0], guess[1])
+        window_bytes = self.options.window_bytes
+
+        async def split_done(after: FollowPoint, size: int) -> None:
+            if on_split is not None and on_split(after, size):
+                await self._hand_off()
+
         batch = None
         if follow is not None and follow.offset == offset:
-            batch = await self._read_following(flat_file, offset, count, follow, on_split)
+            batch = await _read_following(flat_file, offset, count, follow, window_bytes, self.count_read, split_done)
             if batch is None and on_split is not None:
                 # Where the split put the next record did not check out: what it started reading goes too.
                 self.drop_ahead(offset)
         if batch is None:
-            batch = await self._read_by_units(flat_file, offset, count, on_split)
+            batch = await _read_by_units(flat_file, offset, count, window_bytes, self.count_read, split_done)
         if batch is not None and len(batch):
             self.follow = follow_after(batch)
         return batch
-
-    async def _split_done(self, on_split: OnSplit | None, after: FollowPoint, size: int) -> None:
-        if on_split is not None and on_split(after, size):
-            await self._hand_off()
-
-    async def _read_following(
-        self,
-        flat_file: FlatMessageFile,
-        offset: int,
-        count: int,
-        follow: FollowPoint,
-        on_split: OnSplit | None = None,
-    ) -> ReadAheadBatch | None:
-        """The window from ``offset`` split out of the commit log from where the last window ended.
-
-        The window check proves each record split by its TOTALSIZE is the message at its queue offset.
-        None when that does not hold (offsets lost in between, a segment gone, a damaged record): the
-        consume queue then says what is there.
-        """
-        # Records like the last window's fill the read exactly: an object store's read stops at the end of
-        # the object anyway, and a larger read of a file would hold bytes the window does not use.
-        wanted = min(self.options.window_bytes, max(MIN_RECORD_SIZE, math.ceil(follow.record_bytes * count)))
-        try:
-            data = await flat_file.commit_log.read_from(follow.commitlog_offset, wanted)
-        except (NotFoundError, SegmentNotFoundError):
-            return None
-        self.count_read(FileType.COMMIT_LOG)
-        bounds = np.asarray(split_back_to_back(data, count), dtype=np.int64)
-        if len(bounds) < 2:
-            return None
-        records, split_end = len(bounds) - 1, int(bounds[-1])
-        after = FollowPoint(offset + records, follow.commitlog_offset + split_end, split_end / records)
-        await self._split_done(on_split, after, len(data))
-        units = np.empty(records, dtype=UNIT_DTYPE)
-        units["commitlog_offset"] = bounds[:-1] + follow.commitlog_offset
-        units["size"] = np.diff(bounds)
-        units["tag_hash"] = 0
-        batch = check_window(
-            flat_file.topic, flat_file.queue_id, offset, data, follow.commitlog_offset, units, tag_hashes_known=False
-        )
-        return None if batch.corrupt else batch
-
-    async def _read_by_units(
-        self, flat_file: FlatMessageFile, offset: int, count: int, on_split: OnSplit | None = None
-    ) -> ReadAheadBatch | None:
-        """The window from ``offset`` as its consume-queue units say: one read of each file."""
-        consume_queue = flat_file.consume_queue
-        position = consume_queue.position_of(offset)
-        raw_units = await consume_queue.read_from(position, count * UNIT_SIZE)
-        self.count_read(FileType.CONSUME_QUEUE)
-        whole = len(raw_units) - len(raw_units) % UNIT_SIZE
-        if not whole and raw_units:
-            # The object holding this unit ends inside it (a commit split across objects): read it whole.
-            raw_units = await consume_queue.read(position, UNIT_SIZE)
-        elif whole < len(raw_units):
-            raw_units = raw_units[:whole]
-        units = parse_units(raw_units, f"{consume_queue.path}/{FileType.CONSUME_QUEUE.value}", position)
-        if not len(units):
-            return None
-        sizes = units["size"].astype(np.int64)
-        kept = max(1, int(np.searchsorted(np.cumsum(sizes), self.options.window_bytes, side="right")))
-        units, sizes = units[:kept], sizes[:kept]
-        start = int(units["commitlog_offset"][0])
-        ends = units["commitlog_offset"].astype(np.int64) + sizes - start
-        length = int(ends.max())
-        data = await flat_file.commit_log.read_from(start, length)
-        if len(data) < length:
-            # The commit log's object ended first: keep the records it holds whole, else read exactly.
-            held = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
-            if held:
-                units, ends = units[:held], ends[:held]
-            else:
-                data = await flat_file.read_commit_log(start, length)
-        self.count_read(FileType.COMMIT_LOG)
-        records, split_end = len(units), int(ends[-1])
-        after = FollowPoint(offset + records, start + split_end, split_end / records)
-        await self._split_done(on_split, after, len(data))
-        return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
 
     # ---- prefetching the windows ahead ----------------------------------------------------------------
 
@@ -503,3 +470,85 @@ class ColdQueueReader:
         dropped, self.prefetches = self.prefetches, []
         if self.pool is not None:
             self.pool.cancel(self, dropped)
+
+
+async def _read_following(
+    flat_file: FlatMessageFile,
+    offset: int,
+    count: int,
+    follow: FollowPoint,
+    window_bytes: int,
+    count_read: CountRead,
+    split_done: _SplitDone,
+) -> ReadAheadBatch | None:
+    """The window from ``offset`` split out of the commit log from where the last window ended.
+
+    The window check proves each record split by its TOTALSIZE is the message at its queue offset.
+    None when that does not hold (offsets lost in between, a segment gone, a damaged record): the
+    consume queue then says what is there.
+    """
+    # Records like the last window's fill the read exactly: an object store's read stops at the end of
+    # the object anyway, and a larger read of a file would hold bytes the window does not use.
+    wanted = min(window_bytes, max(MIN_RECORD_SIZE, math.ceil(follow.record_bytes * count)))
+    try:
+        data = await flat_file.commit_log.read_from(follow.commitlog_offset, wanted)
+    except (NotFoundError, SegmentNotFoundError):
+        return None
+    count_read(FileType.COMMIT_LOG)
+    bounds = np.asarray(split_back_to_back(data, count), dtype=np.int64)
+    if len(bounds) < 2:
+        return None
+    records, split_end = len(bounds) - 1, int(bounds[-1])
+    after = FollowPoint(offset + records, follow.commitlog_offset + split_end, split_end / records)
+    await split_done(after, len(data))
+    units = np.empty(records, dtype=UNIT_DTYPE)
+    units["commitlog_offset"] = bounds[:-1] + follow.commitlog_offset
+    units["size"] = np.diff(bounds)
+    units["tag_hash"] = 0
+    batch = check_window(
+        flat_file.topic, flat_file.queue_id, offset, data, follow.commitlog_offset, units, tag_hashes_known=False
+    )
+    return None if batch.corrupt else batch
+
+
+async def _read_by_units(
+    flat_file: FlatMessageFile,
+    offset: int,
+    count: int,
+    window_bytes: int,
+    count_read: CountRead,
+    split_done: _SplitDone,
+) -> ReadAheadBatch | None:
+    """The window from ``offset`` as its consume-queue units say: one read of each file."""
+    consume_queue = flat_file.consume_queue
+    position = consume_queue.position_of(offset)
+    raw_units = await consume_queue.read_from(position, count * UNIT_SIZE)
+    count_read(FileType.CONSUME_QUEUE)
+    whole = len(raw_units) - len(raw_units) % UNIT_SIZE
+    if not whole and raw_units:
+        # The object holding this unit ends inside it (a commit split across objects): read it whole.
+        raw_units = await consume_queue.read(position, UNIT_SIZE)
+    elif whole < len(raw_units):
+        raw_units = raw_units[:whole]
+    units = parse_units(raw_units, f"{consume_queue.path}/{FileType.CONSUME_QUEUE.value}", position)
+    if not len(units):
+        return None
+    sizes = units["size"].astype(np.int64)
+    kept = max(1, int(np.searchsorted(np.cumsum(sizes), window_bytes, side="right")))
+    units, sizes = units[:kept], sizes[:kept]
+    start = int(units["commitlog_offset"][0])
+    ends = units["commitlog_offset"].astype(np.int64) + sizes - start
+    length = int(ends.max())
+    data = await flat_file.commit_log.read_from(start, length)
+    if len(data) < length:
+        # The commit log's object ended first: keep the records it holds whole, else read exactly.
+        held = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
+        if held:
+            units, ends = units[:held], ends[:held]
+        else:
+            data = await flat_file.read_commit_log(start, length)
+    count_read(FileType.COMMIT_LOG)
+    records, split_end = len(units), int(ends[-1])
+    after = FollowPoint(offset + records, start + split_end, split_end / records)
+    await split_done(after, len(data))
+    return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
