@@ -25,14 +25,14 @@ class ReadAheadCache:
     ``readers`` readers is released at once (``read_through``; ``readers`` 0 keeps batches until they
     expire or are evicted): a reader going through a queue does not come back, and a cache of windows
     already read would only hold memory, and make every new window land in fresh pages (a page fault
-    each 4 KiB: on the VM of BENCHMARKS.md, a seventh of a cold reader's CPU). RocketMQ releases a
+    on every page, a real share of a cold reader's CPU). RocketMQ releases a
     cached message once each consumer group active on the queue has read it; this store is not told
     the groups, so ``readers`` says how many there are.
     ``max_bytes`` 0 turns the cache off. ``clock`` is injectable for tests (monotonic seconds). Sizes,
     lengths and the eviction and release metrics count records, as a consumer sees them.
 
     The batches are kept in the order they were last read, so the oldest is first both to expire and
-    to be evicted; a hit is a dictionary move (a general TTL cache cost ten times more per call).
+    to be evicted; a hit is a dictionary move (a general TTL cache costs far more per call).
     """
 
     def __init__(
