@@ -9,9 +9,11 @@ import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.read.helpers import append_records, config_for_backend, counting_reads, make_record
-from tieredstore.fetcher import CachedRun, MessageFilter, ReadAheadBatch, ReadAheadCache
+from tieredstore.flat.served import ReadAheadBatch
 from tieredstore.formats.naming import FileType
 from tieredstore.metrics import Metrics
+from tieredstore.read.cache import CachedRun, ReadAheadCache
+from tieredstore.read.results import MessageFilter
 from tieredstore.store import AsyncTieredMessageStore
 
 TOPIC = "Cached"

@@ -11,16 +11,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.fixtures.backends import ProviderBackend
 from tests.read.helpers import ReadLog, append_records, config_for_backend, counting_reads, make_record
 from tieredstore.errors import CorruptRecordError, StorageUnavailableError
-from tieredstore.fetcher import GetMessageStatus, check_window, parse_units, verify_served
+from tieredstore.fetcher import GetMessageStatus
 from tieredstore.flat import FlatMessageFile
-from tieredstore.formats.consume_queue import ConsumeQueueUnit, encode_units
-from tieredstore.formats.message import LOCALHOST, POS_MAGIC, HostAddress, MessageRecord
+from tieredstore.formats.message import POS_MAGIC
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.memory import MemoryProvider
 from tieredstore.store import AsyncTieredMessageStore
@@ -146,7 +144,7 @@ async def test_a_reader_starting_a_prefetch_lets_the_worker_thread_read_before_i
             assert [m.queue_offset for m in first.messages] == list(range(10))
             # both windows ahead were read while the reader waited (the second one started by the first's read)
             assert reads.count(FileType.COMMIT_LOG) == 3
-            (ahead,) = store.fetcher._prefetches.values()
+            (ahead,) = [reader.prefetches for reader in store.fetcher.prefetches.ahead.values()]
             assert [prefetch.offset for prefetch in ahead] == [100, 200]
             assert ahead[1].task.done()  # read, split and checked too
             assert await _consume(store, 10, 100) == list(range(10, 100))
@@ -289,7 +287,9 @@ async def test_a_failed_prefetch_raises_to_the_reader_of_its_window_then_is_read
             assert reads.count(FileType.COMMIT_LOG) == 2
             # a prefetch that fails while its reader goes elsewhere is dropped without a trace
             store.fetcher.cache.clear()
-            store.fetcher._window_ends.clear()  # as for a reader starting at the queue's oldest record
+            reader = store.fetcher.queues.of(TOPIC, 0).cold
+            assert reader is not None
+            reader.window_end = None  # as for a reader starting at the queue's oldest record
             reads.failing, reads.spared = True, 1
             await store.get_messages(TOPIC, 0, 0, 1)
             assert store.fetcher.prefetching == 1
@@ -308,7 +308,7 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [100, 200) hangs
             await store.get_messages(TOPIC, 0, 0, 32)
             await asyncio.sleep(0.01)
-            (stuck,) = store.fetcher._prefetch_tasks()
+            (stuck,) = store.fetcher.prefetches.tasks()
             assert not stuck.done()
             reads.gate = None
             # the reader jumps past it: the prefetch is cancelled and the window there read; a reader jumping
@@ -324,80 +324,12 @@ async def test_close_and_a_jump_elsewhere_cancel_the_prefetch_in_flight(
             reads.gate, reads.spared = asyncio.Event(), 1  # after the window's read: the prefetch of [450, 500) hangs
             assert [m.queue_offset for m in (await store.get_messages(TOPIC, 0, 350, 2)).messages] == [350, 351]
             await asyncio.sleep(0.01)
-            (in_flight,) = store.fetcher._prefetch_tasks()
+            (in_flight,) = store.fetcher.prefetches.tasks()
             assert not in_flight.done()
         # leaving the store closed it: the prefetch was cancelled and waited for
         assert in_flight.cancelled() and store.fetcher.prefetching == 0
     gc.collect()  # a task whose error nobody retrieved reports it when it is collected
     assert unhandled == []
-
-
-def _window(records: list[bytes], commitlog_start: int) -> tuple[bytes, bytes]:
-    """The records as one commit-log read from ``commitlog_start``, and their consume-queue bytes."""
-    data = b"".join(records)
-    units, position = [], commitlog_start
-    for raw in records:
-        units.append(ConsumeQueueUnit(position, len(raw), 0))
-        position += len(raw)
-    return data, encode_units(units)
-
-
-@pytest.mark.parametrize("topic", ["Checked", "L" * 200], ids=["v1", "v2-long-topic"])
-def test_the_window_check_rejects_exactly_what_the_record_check_rejects(topic: str) -> None:
-    """Random byte flips and wrong units: the window's corrupt set and errors equal ``verify_served``'s."""
-    rng = random.Random(6)
-    first_offset, commitlog_start = 1000, 5_000_000
-    records = [
-        MessageRecord(
-            topic=topic,
-            queue_id=3,
-            body=rng.randbytes(rng.randrange(0, 300)),
-            properties={"KEYS": f"k{n}"} if n % 3 else {},
-            queue_offset=first_offset + n,
-            born_host=HostAddress("::1", 10911) if n % 4 == 1 else LOCALHOST,
-            store_host=HostAddress("fe80::2", 10912) if n % 5 == 2 else LOCALHOST,
-        ).encode()
-        for n in range(40)
-    ]
-    clean, clean_units = _window(records, commitlog_start)
-    assert check_window(topic, 3, first_offset, clean, commitlog_start, parse_units(clean_units, "q", 0)).corrupt == {}
-    for _trial in range(300):
-        data = bytearray(clean)
-        units = list(parse_units(clean_units, "q", 0).tolist())
-        for _flip_count in range(rng.randrange(1, 4)):
-            if rng.random() < 0.85:
-                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-            else:
-                index = rng.randrange(len(units))
-                offset, size, tag = units[index]
-                units[index] = (offset + rng.choice([-3, 0, 1]), max(0, size + rng.choice([-1, 0, 2])), tag)
-        raw_units = encode_units([ConsumeQueueUnit(*unit) for unit in units])
-        batch = check_window(topic, 3, first_offset, bytes(data), commitlog_start, parse_units(raw_units, "q", 0))
-        expected: dict[int, str] = {}
-        for index, (offset, size, tag) in enumerate(units):
-            begin = offset - commitlog_start
-            try:
-                verify_served(
-                    topic,
-                    3,
-                    first_offset + index,
-                    bytes(data)[begin : begin + size],
-                    ConsumeQueueUnit(offset, size, tag),
-                    "cold",
-                )
-            except CorruptRecordError as error:
-                expected[first_offset + index] = str(error)
-        assert {offset: str(error) for offset, error in batch.corrupt.items()} == expected
-
-
-def test_units_with_a_negative_offset_or_size_are_the_consume_queue_s_typed_error() -> None:
-    good = ConsumeQueueUnit(0, 100, 0).encode()
-    bad = np.array([(5, -1, 0)], dtype=parse_units(good, "q", 0).dtype).tobytes()
-    with pytest.raises(CorruptRecordError, match="negative offset"):
-        parse_units(good + bad, "q", 0)
-    with pytest.raises(CorruptRecordError, match="not whole units") as partial:
-        parse_units(good + b"\x00", "T/0/CONSUME_QUEUE", 2000)
-    assert (partial.value.location, partial.value.offset) == ("T/0/CONSUME_QUEUE", 2000)
 
 
 async def test_a_reader_served_from_the_cache_lets_worker_threads_run_while_prefetches_read(
