@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.message import decode
-from tieredstore.local import LocalMessageStore, PutRequest
+from tieredstore.local import HotReader, LocalMessageStore, PutRequest, hot_writer
 from tieredstore.local import follower as follower_module
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store_lock import writer_lock_held
@@ -275,6 +275,8 @@ def test_follower_follows_retention_and_never_crashes_on_a_vanished_file(tmp_pat
 
 
 def test_follower_writes_nothing_takes_no_lock_and_refuses_every_write(tmp_path: Path) -> None:
+    """A follower is a HotReader only: it has no writing method, and ``hot_writer`` (what the facade's
+    puts and hot retention and ``run --demo`` go through) refuses it with the error a write always got."""
     config = small_config()
     with LocalMessageStore(tmp_path, config=config) as writer:
         writer.put_message("a", 0, b"one", keys=["k1"], tags="t")
@@ -285,11 +287,14 @@ def test_follower_writes_nothing_takes_no_lock_and_refuses_every_write(tmp_path:
             assert follower.max_offset("a", 0) == 2
             assert [decode(m.raw).body for m in follower.read_messages("a", 0, 0)] == [b"one", b"two"]
         before = snapshot(tmp_path)
+        assert isinstance(follower, HotReader) and not isinstance(follower, LocalMessageStore)
+        for name in ("put_message", "put_messages", "restore_messages", "delete_expired", "flush"):
+            assert not hasattr(follower, name)
         for write in (
-            lambda: follower.put_message("a", 0, b"x"),
-            lambda: follower.put_messages([PutRequest("a", 0, b"x")]),
-            lambda: follower.restore_messages("a", 0, [b"x"]),
-            lambda: follower.delete_expired(lambda topic, queue_id: 10**9),
+            lambda: hot_writer(follower, "puts").put_message("a", 0, b"x"),
+            lambda: hot_writer(follower, "puts").put_messages([PutRequest("a", 0, b"x")]),
+            lambda: hot_writer(follower, "restores").restore_messages("a", 0, [b"x"]),
+            lambda: hot_writer(follower, "hot retention deletes").delete_expired(lambda topic, queue_id: 10**9),
         ):
             with pytest.raises(ValidationError, match="followed, not owned"):
                 write()
