@@ -71,7 +71,7 @@ from tieredstore.local.reading import (
     decode_unit_record,
     found_record,
     offset_msg_id,
-    search_timestamp,
+    timestamp_offset,
     validate_queue,
 )
 
@@ -271,12 +271,8 @@ class HotStoreFollower:
     def read_messages(
         self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32, max_bytes: int = 4 << 20
     ) -> list[StoredMessage]:
-        """Consecutive messages from ``queue_offset``: at most ``max_count``, and stopping before ``max_bytes``
-        except that the first message is always returned, however large.
-
-        An offset at or past max_offset gives an empty list; one below min_offset (or whose file the
-        writer just deleted) is a NotFoundError. Every record is checked again as it is copied out.
-        """
+        """As the writer's (see ``LocalMessageStore.read_messages``); an offset whose file the writer just
+        deleted is a NotFoundError too, and every record is checked again as it is copied out."""
         with self._lock:
             queue = self._fresh(topic, queue_id)
             if queue is None:
@@ -304,7 +300,7 @@ class HotStoreFollower:
             return read_checked_batch(self._log, queue, queue_offset, max_count, max_bytes, unmap=unmap)
 
     def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
-        """The decoded message at ``queue_offset`` (body CRC checked)."""
+        """As the writer's: the message at a checked queue offset, decoded with its body CRC checked."""
         unit = self.cq_unit(topic, queue_id, queue_offset)
         return decode_unit_record(self.read_record(unit), unit)
 
@@ -319,31 +315,25 @@ class HotStoreFollower:
         return store_timestamp_of(head)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int, boundary: Boundary = "lower") -> int:
-        """As the writer's, over the units this follower has checked (see ``search_timestamp``)."""
+        """As the writer's, over the units this follower has checked (see ``timestamp_offset``)."""
         check_boundary(boundary)
         with self._lock:
-            queue = self._fresh(topic, queue_id)
-            if queue is None:
-                return 0
-            return search_timestamp(
-                queue.min_offset,
-                queue.max_offset,
+            return timestamp_offset(
+                self._fresh(topic, queue_id),
                 timestamp,
                 boundary,
-                lambda offset: self._store_timestamp_of(queue.checked_unit(offset)),
+                lambda queue, offset: self._store_timestamp_of(queue.checked_unit(offset)),
             )
 
     def query_keys(
         self, topic: str, key: str, max_count: int = 32, begin_timestamp: int = 0, end_timestamp: int = (1 << 63) - 1
     ) -> list[KeyedRecord]:
-        """Messages still in the hot store whose KEYS or UNIQ_KEY include ``key``, stored in [begin, end],
-        newest first, at most ``max_count``; found through the writer's key index under ``index/``."""
+        """As the writer's (see ``LocalMessageStore.query_keys``), through the key index the writer keeps."""
         validate_topic(topic)
         return find_records(self._key_index, topic, key, max_count, begin_timestamp, end_timestamp, self._record_at)
 
     def record_at(self, commitlog_offset: int) -> bytes:
-        """The whole record starting at ``commitlog_offset``, in whichever commit-log file holds it (its header
-        gives its size); NotFoundError when no record of the hot store starts there."""
+        """As the writer's (see ``LocalMessageStore.record_at``), in the files mapped or newly listed."""
         return found_record(self._record_at(commitlog_offset), commitlog_offset)
 
     def _record_at(self, commitlog_offset: int) -> bytes | None:

@@ -8,12 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
-from tieredstore.errors import (
-    InvalidPropertyError,
-    InvalidQueueError,
-    MessageTooLargeError,
-    ValidationError,
-)
+from tieredstore.errors import InvalidPropertyError, InvalidQueueError, MessageTooLargeError, ValidationError
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
@@ -26,10 +21,7 @@ from tieredstore.formats.message import (
     tag_hash,
 )
 from tieredstore.formats.naming import validate_topic
-from tieredstore.local.index_file import (
-    KeyEntry,
-    put_index_keys,
-)
+from tieredstore.local.index_file import KeyEntry, put_index_keys
 from tieredstore.local.queue import ConsumeQueue
 from tieredstore.local.results import PutRequest, PutResult
 from tieredstore.local.store_state import StoreState

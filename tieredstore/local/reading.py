@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 from tieredstore.errors import CorruptRecordError, InvalidQueueError, NotFoundError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
@@ -17,6 +17,16 @@ RECORD_HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
 TIMESTAMP_PREFIX = POS_BORN_HOST + 20 + 8
 _OFFSET = struct.Struct(">q")
+
+
+class QueueRange(Protocol):
+    """A queue's offsets in the hot store: [min_offset, max_offset)."""
+
+    min_offset: int
+    max_offset: int
+
+
+_Queue = TypeVar("_Queue", bound=QueueRange)
 
 
 class StoredMessage(NamedTuple):
@@ -94,3 +104,15 @@ def check_not_below(topic: str, queue_id: int, queue_offset: int, min_offset: in
         raise NotFoundError(
             f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset {min_offset}"
         )
+
+
+def timestamp_offset(
+    queue: _Queue | None, timestamp: int, boundary: Boundary, stamp_at: Callable[[_Queue, int], int]
+) -> int:
+    """``search_timestamp`` over the queue's offsets, ``stamp_at(queue, offset)`` giving each store timestamp;
+    0 for a queue never written (None)."""
+    if queue is None:
+        return 0
+    return search_timestamp(
+        queue.min_offset, queue.max_offset, timestamp, boundary, lambda offset: stamp_at(queue, offset)
+    )

@@ -7,28 +7,15 @@ import time
 
 import structlog
 
-from tieredstore.errors import (
-    CorruptRecordError,
-    ValidationError,
-)
+from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import (
-    MAGIC_V2,
-    POS_BORN_HOST,
-    MessageRecord,
-    decode,
-    tag_hash,
-)
+from tieredstore.formats.message import MAGIC_V2, POS_BORN_HOST, MessageRecord, decode, tag_hash
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import ScanStop
-from tieredstore.local.index_file import (
-    record_index_keys,
-)
+from tieredstore.local.index_file import record_index_keys
 from tieredstore.local.queue import ConsumeQueue
-from tieredstore.local.reading import (
-    RECORD_HEAD,
-)
+from tieredstore.local.reading import RECORD_HEAD
 from tieredstore.local.results import RecoveryReport
 from tieredstore.local.store_state import StoreState
 

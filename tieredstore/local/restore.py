@@ -11,12 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from tieredstore.errors import (
-    CorruptRecordError,
-    InvalidQueueError,
-    MessageTooLargeError,
-    ValidationError,
-)
+from tieredstore.errors import CorruptRecordError, InvalidQueueError, MessageTooLargeError, ValidationError
 from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
 from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
@@ -35,9 +30,7 @@ from tieredstore.formats.message import (
     verify_record,
 )
 from tieredstore.local.queue import ConsumeQueue
-from tieredstore.local.reading import (
-    validate_queue,
-)
+from tieredstore.local.reading import validate_queue
 from tieredstore.local.results import PutResult
 from tieredstore.local.store_state import StoreState
 
@@ -323,7 +316,7 @@ class StoreRestore(StoreState):
         tags = batch.tag_hashes[begin:end]
         first = batch.first_offset + begin
         self._last_store_timestamp = max(self._last_store_timestamp, int(batch.store_timestamps[begin:end].max()))
-        # As in _put: records are published before the units that point at them.
+        # As for puts (StorePuts._append): records are published before the units that point at them.
         log_.write_offset = plan.end_offset
         if reserve_units:
             units = np.empty(len(sizes), dtype=UNIT_DTYPE)

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import structlog
 
-from tieredstore.errors import (
-    NotFoundError,
-)
+from tieredstore.errors import NotFoundError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import (
-    MessageRecord,
-    store_timestamp_of,
-)
+from tieredstore.formats.message import MessageRecord, store_timestamp_of
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.batch import HotBatch, parse_units, read_written
-from tieredstore.local.index_file import (
-    KeyedRecord,
-    find_records,
-    whole_record,
-)
+from tieredstore.local.index_file import KeyedRecord, find_records, whole_record
 from tieredstore.local.reading import (
     TIMESTAMP_PREFIX,
     Boundary,
@@ -28,7 +19,7 @@ from tieredstore.local.reading import (
     decode_unit_record,
     found_record,
     offset_msg_id,
-    search_timestamp,
+    timestamp_offset,
 )
 from tieredstore.local.store_state import StoreState
 
@@ -179,15 +170,11 @@ class StoreReads(StoreState):
         ``upper``: the last offset stored at or before it (min_offset if none). Store timestamps never decrease.
         """
         check_boundary(boundary)
-        queue = self._existing_queue(topic, queue_id)
-        if queue is None:
-            return 0
-        return search_timestamp(
-            queue.min_offset,
-            queue.max_offset,
+        return timestamp_offset(
+            self._existing_queue(topic, queue_id),
             timestamp,
             boundary,
-            lambda offset: self._store_timestamp_of(queue.unit_at(offset)),
+            lambda queue, offset: self._store_timestamp_of(queue.unit_at(offset)),
         )
 
     def query_keys(
