@@ -56,6 +56,7 @@ from tieredstore.formats.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, index_
 from tieredstore.index import IndexEntry, IndexFileStatus, IndexService
 from tieredstore.leases import LeaseManager
 from tieredstore.local.batch import HotBatch
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
@@ -199,7 +200,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        hot: LocalMessageStore,
+        hot: HotReader,
         flat: FlatFileStore,
         *,
         metadata: MetadataStore,
@@ -468,7 +469,7 @@ class Dispatcher:
         A read-only or followed hot store is not ours to delete from: its writer process runs hot
         retention against the archived offsets in metadata (``AsyncTieredMessageStore.delete_expired_hot``).
         """
-        if not self.hot.read_only:
+        if isinstance(self.hot, LocalMessageStore) and not self.hot.read_only:
             try:
                 archived_offset = self.topics.for_hot_retention(self._archived_for_retention)
                 await asyncio.to_thread(self.hot.delete_expired, archived_offset)

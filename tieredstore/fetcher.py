@@ -104,7 +104,7 @@ from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.served import ReadAheadBatch, Tier, check_record, check_window, parse_units, verify_served
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import FileType
-from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.metrics import Metrics
 from tieredstore.read.cache import CachedRun, ReadAheadCache
 from tieredstore.read.results import (
@@ -157,7 +157,7 @@ class MessageFetcher:
 
     def __init__(
         self,
-        hot: LocalMessageStore | None,
+        hot: HotReader | None,
         flat: FlatFileStore,
         *,
         settings: ReadSettings | None = None,
@@ -186,11 +186,11 @@ class MessageFetcher:
         self.queues = QueueStates(flat, read_only_cold)  # one state object per queue
 
     @property
-    def hot(self) -> LocalMessageStore | None:
+    def hot(self) -> HotReader | None:
         return self.router.hot
 
     @hot.setter
-    def hot(self, hot: LocalMessageStore | None) -> None:
+    def hot(self, hot: HotReader | None) -> None:
         self.router.hot = hot
 
     @property

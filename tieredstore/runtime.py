@@ -11,7 +11,7 @@ import functools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import structlog
 
@@ -26,6 +26,7 @@ from tieredstore.index.namespaces import KeyIndex, NamespaceClaim, claim_namespa
 from tieredstore.index.service import namespace_path
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.local.store_dir import refuse_non_directory
 from tieredstore.local.store_lock import writer_lock_held
@@ -88,13 +89,22 @@ def archiving_provider(provider: Provider, settings: ArchiverSettings, metrics: 
     return ThrottledProvider(guarded, budget)
 
 
+@overload
 def open_hot_store(
-    config: TieredStoreConfig, *, read_only: bool = False, mode: HotMode = "writer"
-) -> LocalMessageStore:
+    config: TieredStoreConfig, *, read_only: bool = False, mode: Literal["writer"] = "writer"
+) -> LocalMessageStore: ...
+
+
+@overload
+def open_hot_store(config: TieredStoreConfig, *, read_only: bool = False, mode: HotMode) -> HotReader: ...
+
+
+def open_hot_store(config: TieredStoreConfig, *, read_only: bool = False, mode: HotMode = "writer") -> HotReader:
     """The hot store as its writer, or (``follower``) following a writer in another process.
 
     ``auto`` follows when another process holds the directory's writer lock and writes otherwise
-    (the embedded single-process setup). A follower is a LocalMessageStore whose puts are refused.
+    (the embedded single-process setup). A follower is a HotReader only: it has no puts, and
+    ``hot_writer`` refuses it to a caller that would write.
     """
     if mode not in ("auto", "writer", "follower"):
         raise ConfigError(f"hot mode must be auto, writer or follower, not {mode!r}")
@@ -143,7 +153,7 @@ class Runtime:
     # ... and the whole broker's key index, every namespace: what queries and retention use.
     keys: KeyIndex
     metrics: Metrics
-    hot: LocalMessageStore | None
+    hot: HotReader | None
     # False for a reader beside the archiver: cold queues are read through read-only views and the
     # key index is only queried, because recovery and index maintenance write what the archiver owns.
     cold_owner: bool = True
@@ -184,7 +194,7 @@ async def open_runtime(
             await check_conditional_writes(provider, metrics)
         # What the archiver writes (flat files, key index) goes through its watchdog and upload budget.
         writer = archiving_provider(provider, config.archiver, metrics) if cold_owner else provider
-        hot_store: LocalMessageStore | None = None
+        hot_store: HotReader | None = None
         if hot:
             hot_store = await asyncio.to_thread(functools.partial(open_hot_store, config, mode=hot_mode))
             stack.callback(hot_store.close)

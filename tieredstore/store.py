@@ -44,8 +44,9 @@ from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, decode
 from tieredstore.formats.naming import validate_topic
 from tieredstore.index.service import newest_first
+from tieredstore.local.hot_reader import HotReader, hot_writer
 from tieredstore.local.index_file import record_index_keys
-from tieredstore.local.store import LocalMessageStore, PutResult, RetentionReport
+from tieredstore.local.store import PutResult, RetentionReport
 from tieredstore.metrics import Metrics
 from tieredstore.runtime import Runtime, open_runtime
 from tieredstore.topic_filter import TopicFilter
@@ -140,7 +141,7 @@ class AsyncTieredMessageStore:
     def read_policy(self) -> ReadPolicy:
         return self.fetcher.read_policy
 
-    def _hot(self) -> LocalMessageStore:
+    def _hot(self) -> HotReader:
         if self.runtime.hot is None:
             raise ValidationError("this store was opened without its hot store (cold storage only)")
         return self.runtime.hot
@@ -158,7 +159,8 @@ class AsyncTieredMessageStore:
         properties: Mapping[str, str] | None = None,
     ) -> PutResult:
         """Append one message to the hot store; the archiver moves it to cold storage later."""
-        return await asyncio.to_thread(self._hot().put_message, topic, queue_id, body, keys, tags, properties)
+        hot = hot_writer(self._hot(), "puts")
+        return await asyncio.to_thread(hot.put_message, topic, queue_id, body, keys, tags, properties)
 
     # ---- hot retention --------------------------------------------------------------------------------
 
@@ -169,7 +171,7 @@ class AsyncTieredMessageStore:
         as its own process (which only follows the hot store and so cannot delete from it). Topics the
         archiver does not archive (``[archiver] topics_exclude``, system topics) wait for nothing.
         """
-        hot = self._hot()
+        hot = hot_writer(self._hot(), "hot retention deletes")
         config = self.runtime.config
         topics = TopicFilter.of(config.archiver, cluster=config.cluster, broker=config.broker)
         positions = await asyncio.to_thread(self.runtime.metadata.list_queues)

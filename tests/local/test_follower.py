@@ -15,12 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.message import decode
-from tieredstore.local import LocalMessageStore, PutRequest
+from tieredstore.local import HotReader, LocalMessageStore, PutRequest, hot_writer
 from tieredstore.local import follower as follower_module
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store_lock import writer_lock_held
+from tieredstore.runtime import local_store_config, open_runtime
+from tieredstore.store import AsyncTieredMessageStore
 
 from .conftest import abandon, mapped_rss, small_config
 
@@ -275,6 +278,8 @@ def test_follower_follows_retention_and_never_crashes_on_a_vanished_file(tmp_pat
 
 
 def test_follower_writes_nothing_takes_no_lock_and_refuses_every_write(tmp_path: Path) -> None:
+    """A follower is a HotReader only: it has no writing method, and ``hot_writer`` (what the facade's
+    puts and hot retention and ``run --demo`` go through) refuses it with the error a write always got."""
     config = small_config()
     with LocalMessageStore(tmp_path, config=config) as writer:
         writer.put_message("a", 0, b"one", keys=["k1"], tags="t")
@@ -285,11 +290,15 @@ def test_follower_writes_nothing_takes_no_lock_and_refuses_every_write(tmp_path:
             assert follower.max_offset("a", 0) == 2
             assert [decode(m.raw).body for m in follower.read_messages("a", 0, 0)] == [b"one", b"two"]
         before = snapshot(tmp_path)
+        assert isinstance(follower, HotReader) and not isinstance(follower, LocalMessageStore)
+        assert isinstance(writer, HotReader) and hot_writer(writer, "puts") is writer
+        for name in ("put_message", "put_messages", "restore_messages", "delete_expired", "flush"):
+            assert not hasattr(follower, name)
         for write in (
-            lambda: follower.put_message("a", 0, b"x"),
-            lambda: follower.put_messages([PutRequest("a", 0, b"x")]),
-            lambda: follower.restore_messages("a", 0, [b"x"]),
-            lambda: follower.delete_expired(lambda topic, queue_id: 10**9),
+            lambda: hot_writer(follower, "puts").put_message("a", 0, b"x"),
+            lambda: hot_writer(follower, "puts").put_messages([PutRequest("a", 0, b"x")]),
+            lambda: hot_writer(follower, "restores").restore_messages("a", 0, [b"x"]),
+            lambda: hot_writer(follower, "hot retention deletes").delete_expired(lambda topic, queue_id: 10**9),
         ):
             with pytest.raises(ValidationError, match="followed, not owned"):
                 write()
@@ -351,3 +360,22 @@ def test_a_new_follower_does_not_keep_the_whole_hot_store_mapped(
         # Unmapped is not gone: every record reads back whole.
         messages = follower.read_messages("big", 2, 0, 1000, 1 << 30)
         assert [decode(m.raw).body for m in messages] == [body] * 800
+
+
+async def test_the_facade_over_a_followed_hot_store_refuses_puts_and_hot_retention(tmp_path: Path) -> None:
+    """What a put into a followed store always answered, the facade still answers: it is the writer's."""
+    config = TieredStoreConfig.model_validate({"data_dir": tmp_path / "data"})
+    with LocalMessageStore(config.hot_dir, config=local_store_config(config)) as writer:
+        writer.put_message("a", 0, b"one")
+        writer.flush()
+        async with open_runtime(config, hot_mode="auto", recover=False, cold_owner=False) as runtime:
+            assert isinstance(runtime.hot, HotStoreFollower)
+            store = AsyncTieredMessageStore(runtime)
+            try:
+                with pytest.raises(ValidationError, match="followed, not owned: puts"):
+                    await store.put_message("a", 0, b"two")
+                with pytest.raises(ValidationError, match="followed, not owned: hot retention"):
+                    await store.delete_expired_hot()
+                assert runtime.hot.max_offset("a", 0) == 1
+            finally:
+                await store.aclose()

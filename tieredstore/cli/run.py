@@ -37,7 +37,7 @@ from tieredstore.cli.app import CliState, app, state
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
 from tieredstore.leases import LeaseManager, SingleArchiverLock
-from tieredstore.local import LocalMessageStore, PutRequest
+from tieredstore.local import LocalMessageStore, PutRequest, hot_writer
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.store_dir import refuse_non_directory
 from tieredstore.metadata.engine import parse_url
@@ -346,7 +346,9 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
         await dispatcher.start()
         note(f"archiving {config.hot_dir} to {runtime.provider.url} (metadata: {runtime.metadata.url})")
 
-        producer = DemoProducer(hot, options.demo_messages, options.demo_rate) if run_demo else None
+        producer = (
+            DemoProducer(hot_writer(hot, "--demo puts"), options.demo_messages, options.demo_rate) if run_demo else None
+        )
         if producer is not None:
             producer.start()
         try:

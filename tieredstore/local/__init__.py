@@ -3,6 +3,7 @@
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.flusher import FlushStats
 from tieredstore.local.follower import HotStoreFollower
+from tieredstore.local.hot_reader import HotReader, hot_writer
 from tieredstore.local.store import (
     LocalMessageStore,
     PutRequest,
@@ -15,6 +16,7 @@ from tieredstore.local.store_lock import writer_lock_held
 
 __all__ = [
     "FlushStats",
+    "HotReader",
     "HotStoreFollower",
     "LocalMessageStore",
     "LocalStoreConfig",
@@ -23,5 +25,6 @@ __all__ = [
     "RecoveryReport",
     "RetentionReport",
     "StoredMessage",
+    "hot_writer",
     "writer_lock_held",
 ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import NotFoundError
 from tieredstore.flat.store import FlatFileStore
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.local.store import LocalMessageStore
 from tieredstore.local.store_dir import hot_store_at
 from tieredstore.metadata import MetadataStore
@@ -34,7 +35,7 @@ def open_metadata_for_reading(config: TieredStoreConfig) -> MetadataStore:
     return MetadataStore.open(url, create=True)
 
 
-def open_hot_for_reading(config: TieredStoreConfig) -> LocalMessageStore | None:
+def open_hot_for_reading(config: TieredStoreConfig) -> HotReader | None:
     """The node's hot store opened read-only (beside a running archiver), or None when there is none.
 
     A ``hot_dir`` the user set must be a store (``hot_store_at``); the default may be absent (a cold-only node).
@@ -52,7 +53,7 @@ class ReadNode:
     metadata: MetadataStore
     provider: Provider
     flat: FlatFileStore
-    hot: LocalMessageStore | None
+    hot: HotReader | None
 
 
 @asynccontextmanager

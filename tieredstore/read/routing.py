@@ -11,7 +11,7 @@ from tieredstore.errors import InvalidQueueError, NotFoundError
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.naming import validate_topic
-from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.read.results import Boundary, QueueOffsets, Tier
 
 # RocketMQ's accessMessageInMemoryMaxRatio: the share of physical memory the newest hot bytes are taken
@@ -40,7 +40,7 @@ class TierRouter:
     """
 
     def __init__(
-        self, hot: LocalMessageStore | None, policy: Callable[[], ReadPolicy], hot_in_memory_bytes: int | None
+        self, hot: HotReader | None, policy: Callable[[], ReadPolicy], hot_in_memory_bytes: int | None
     ) -> None:
         self.hot = hot
         self.policy = policy
@@ -139,9 +139,7 @@ class TierRouter:
         return max(matches) if matches else view.min_offset
 
 
-def _hot_matches(
-    hot: LocalMessageStore, topic: str, queue_id: int, offset: int, timestamp: int, boundary: Boundary
-) -> bool:
+def _hot_matches(hot: HotReader, topic: str, queue_id: int, offset: int, timestamp: int, boundary: Boundary) -> bool:
     """Whether the hot store's answer is a real match rather than its 'none' fallback."""
     if not hot.min_offset(topic, queue_id) <= offset < hot.max_offset(topic, queue_id):
         return False

@@ -6,14 +6,14 @@ import asyncio
 
 from tieredstore.flat.cold_reader import ColdQueueReader
 from tieredstore.flat.served import ReadAheadBatch
-from tieredstore.local.store import LocalMessageStore
+from tieredstore.local.hot_reader import HotReader
 from tieredstore.read.cache import ReadAheadCache
 from tieredstore.read.checks import serve, serve_filtered
 from tieredstore.read.results import FetchedMessage, MessageFilter, ReadBatch, window_messages
 
 
 async def read_hot(
-    hot: LocalMessageStore,
+    hot: HotReader,
     topic: str,
     queue_id: int,
     offset: int,
