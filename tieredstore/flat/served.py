@@ -2,38 +2,28 @@
 
 ``check_window`` splits a commit-log read by its consume-queue units (or by units made from the records
 themselves) and checks every record of it: size, magic, lengths, body CRC, topic, queue id and queue
-offset, all records at once with numpy, one ``crc32`` per body. A record that fails keeps its
-``CorruptRecordError`` naming its topic, queue and offset, raised to whoever asks for that offset.
-``verify_served`` is the same check of one record (hot records are checked by it as they are served);
-the vectorised pass only picks the records it must judge, so both give the same errors.
+offset, all records at once through the batch record engine (``formats.records``). A record that fails
+keeps its ``CorruptRecordError`` naming its topic, queue and offset, raised to whoever asks for that
+offset. ``verify_served`` is the same rule for one record (hot records are checked by it as they are
+served), worded from the engine's findings; the batch pass only picks the records it must judge, so both
+give the same errors.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from tieredstore.errors import CorruptRecordError
-from tieredstore.formats.arrays import BODY_LEN_AFTER_HOSTS, RECORD_HEAD_DTYPE, UNIT_DTYPE, as_values, gather_rows
-from tieredstore.formats.checksum import BODY_CRC_MASK, body_crc, crc32
+from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
-from tieredstore.formats.message import (
-    MAGIC_V1,
-    MAGIC_V2,
-    MIN_RECORD_SIZE,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
-    MessageRecord,
-    decode,
-    verify_record,
-)
+from tieredstore.formats.message import MessageRecord, decode
+from tieredstore.formats.records import Expected, Fault, PackedRun, describe, explain, problem_indexes
 
 Tier = Literal["hot", "cold"]
-_HEAD = struct.Struct(">iI")
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -108,7 +98,7 @@ def check_window(
 ) -> ReadAheadBatch:
     """Split a commit-log read by its consume-queue units and check every record once (see ``verify_served``).
 
-    A vectorised pass over the window flags each record that may fail any of ``verify_served``'s checks;
+    The batch record engine flags each record that fails ``verify_served``'s rule;
     ``verify_served`` then judges each flagged record, so the errors (and which records are corrupt) are
     exactly what checking record by record gives. Units made from the records themselves carry no tag
     hash (``tag_hashes_known=False``).
@@ -132,63 +122,21 @@ def check_window(
 def _suspect_records(
     topic_raw: bytes, queue_id: int, first_offset: int, data: bytes, begins: np.ndarray, sizes: np.ndarray
 ) -> np.ndarray:
-    """Indexes of the records that may fail ``verify_served``: never fewer than do (it may flag more).
+    """Indexes of the records ``verify_served`` refuses: the batch record engine with the served rule."""
+    rule = Expected(topic=topic_raw, queue_id=queue_id, queue_offsets=first_offset)
+    return problem_indexes(PackedRun.at(data, begins, sizes), rule)
 
-    Each check of ``verify_served``/``verify_record`` is made for all records at once on their fixed
-    fields and on the length fields they locate; the body CRC is one ``crc32`` per record.
-    """
-    count = len(begins)
-    length = len(data)
-    ok = (begins >= 0) & (sizes >= MIN_RECORD_SIZE) & (begins + sizes <= length)
-    if not ok.any():
-        return np.arange(count)
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    base = np.where(ok, begins, 0)
 
-    def gather(at: np.ndarray | int, width: int) -> np.ndarray:
-        """``width`` bytes at ``base + at`` of each record, as a (count, width) array (clipped to the data)."""
-        return gather_rows(buffer, base + at, width)
-
-    head = as_values(gather(0, RECORD_HEAD_DTYPE.itemsize), RECORD_HEAD_DTYPE)
-    magic = head["magic"]
-    ok &= (magic == MAGIC_V1) | (magic == MAGIC_V2)
-    ok &= head["total_size"] == sizes
-    ok &= head["queue_id"] == queue_id
-    ok &= head["queue_offset"] == np.arange(first_offset, first_offset + count, dtype=np.int64)
-    sysflag = head["sysflag"]
-    body_len_at = (
-        BODY_LEN_AFTER_HOSTS
-        + np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
-        + np.where(sysflag & SYSFLAG_STOREHOST_V6, 20, 8)
-    )
-    ok &= body_len_at + 4 <= sizes
-    body_len = gather(body_len_at, 4).view(">i4")[:, 0].astype(np.int64)
-    body_at = body_len_at + 4
-    ok &= (body_len >= 0) & (body_at + body_len <= sizes)
-    body_len = np.where(ok, body_len, 0)
-    topic_len_at = body_at + body_len
-    v2 = magic == MAGIC_V2
-    topic_len_width = np.where(v2, 2, 1)
-    ok &= topic_len_at + topic_len_width <= sizes
-    pair = gather(topic_len_at, 2)
-    topic_len = np.where(v2, pair.view(">i2")[:, 0], pair[:, 0].view(np.int8))
-    topic_at = topic_len_at + topic_len_width
-    # The topic must be ours (so its length is too), and PROPLEN(2) must follow it inside the record.
-    ok &= (topic_len == len(topic_raw)) & (topic_at + len(topic_raw) + 2 <= sizes)
-    ok &= (gather(topic_at, len(topic_raw)) == np.frombuffer(topic_raw, dtype=np.uint8)).all(axis=1)
-    properties_len_at = topic_at + len(topic_raw)
-    properties_len = gather(properties_len_at, 2).view(">i2")[:, 0]
-    ok &= (properties_len >= 0) & (properties_len_at + 2 + properties_len == sizes)
-    checked = np.flatnonzero(ok)
-    body_starts = (base + body_at)[checked]
-    view = memoryview(data)
-    # The mask is applied to all at once: per body, the loop does the slice and the C call only.
-    computed = [
-        crc32(view[start:stop])
-        for start, stop in zip(body_starts.tolist(), (body_starts + body_len[checked]).tolist(), strict=True)
-    ]
-    ok[checked] = head["body_crc"][checked] == np.array(computed, dtype=np.int64) & BODY_CRC_MASK
-    return np.flatnonzero(~ok)
+# ``verify_served``'s words for what the batch record engine finds wrong with a record.
+_SERVED_WORDING = {
+    **dict.fromkeys((Fault.SIZE, Fault.SHORT), "the consume queue says {expected} bytes but {found} were read"),
+    Fault.TOTAL_SIZE: "TOTALSIZE {found} but the consume queue says {expected}",
+    Fault.LAYOUT: "{reason} at offset 0",
+    **dict.fromkeys(
+        (Fault.QUEUE_ID, Fault.QUEUE_OFFSET, Fault.TOPIC),
+        "the record belongs to {topic}/{queue_id} at queue offset {queue_offset}",
+    ),
+}
 
 
 def verify_served(topic: str, queue_id: int, queue_offset: int, raw: bytes, unit: ConsumeQueueUnit, tier: Tier) -> None:
@@ -196,32 +144,15 @@ def verify_served(topic: str, queue_id: int, queue_offset: int, raw: bytes, unit
 
     Any problem is a CorruptRecordError naming the topic, queue and queue offset.
     """
-
-    def corrupt(reason: str) -> CorruptRecordError:
-        return CorruptRecordError(
-            f"corrupt record in the {tier} tier (commit-log offset {unit.commitlog_offset}): {reason}",
+    rule = Expected(topic=topic_bytes(topic), queue_id=queue_id, queue_offsets=queue_offset)
+    findings = explain(raw, rule, size=unit.size)
+    if findings:
+        raise CorruptRecordError(
+            f"corrupt record in the {tier} tier (commit-log offset {unit.commitlog_offset}): "
+            f"{describe(findings, _SERVED_WORDING, rule)}",
             location=f"{topic}/{queue_id}",
             offset=queue_offset,
         )
-
-    if len(raw) != unit.size or len(raw) < MIN_RECORD_SIZE:
-        raise corrupt(f"the consume queue says {unit.size} bytes but {len(raw)} were read")
-    total, magic = _HEAD.unpack_from(raw)
-    if magic not in (MAGIC_V1, MAGIC_V2):
-        raise corrupt(f"bad magic code 0x{magic:08x}")
-    if total != unit.size:
-        raise corrupt(f"TOTALSIZE {total} but the consume queue says {unit.size}")
-    try:
-        fields = verify_record(raw, check_crc=False)
-    except CorruptRecordError as exc:
-        raise corrupt(str(exc)) from exc
-    computed = body_crc(memoryview(raw)[fields.body_at : fields.body_at + fields.body_len])
-    if computed != fields.body_crc:
-        raise corrupt(f"body CRC mismatch: stored {fields.body_crc}, computed {computed}")
-    topic_raw = raw[fields.topic_at : fields.topic_at + fields.topic_len]
-    if fields.queue_id != queue_id or fields.queue_offset != queue_offset or topic_raw != topic_bytes(topic):
-        owner = topic_raw.decode("utf-8", errors="replace")
-        raise corrupt(f"the record belongs to {owner}/{fields.queue_id} at queue offset {fields.queue_offset}")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -39,9 +39,6 @@ from tieredstore.formats.records import (
     store_timestamps_of,
     tag_hashes_of,
 )
-from tieredstore.formats.records import (
-    tag_hash_of as tag_hash_of,  # the follower's per-record check takes it from here
-)
 from tieredstore.local.mapped_file import release_mapped_pages
 
 Int64Array = npt.NDArray[np.int64]

@@ -7,24 +7,15 @@ rewrite what a follower checked before.
 
 from __future__ import annotations
 
-import struct
 import time
 
 import numpy as np
 import structlog
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
-from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import (
-    HEADER_PREFIX,
-    MAGIC_V1,
-    MAGIC_V2,
-    POS_BORN_HOST,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
-    store_timestamp_of,
-)
+from tieredstore.formats.message import store_timestamp_of
+from tieredstore.formats.records import Expected, Fault, describe, explain
 from tieredstore.local.batch import (
     HotBatch,
     build,
@@ -32,7 +23,6 @@ from tieredstore.local.batch import (
     followed_problems,
     located_prefix,
     parse_units,
-    tag_hash_of,
     units_from,
 )
 from tieredstore.local.checkpoint import FlushedBound
@@ -41,9 +31,20 @@ from tieredstore.local.reading import TIMESTAMP_PREFIX, StoredMessage
 
 log = structlog.get_logger(__name__)
 
-_INT = struct.Struct(">i")
-_SHORT = struct.Struct(">h")
-_BYTE = struct.Struct(">b")
+# ``record_problem``'s words for what the batch record engine finds wrong with a record.
+_FOLLOWED_WORDING = {
+    Fault.SIZE: "{found} bytes where the unit says {expected}",
+    Fault.MAGIC: "magic 0x{found:08x}",
+    Fault.TOTAL_SIZE: "TOTALSIZE {found} where the unit says {expected}",
+    **dict.fromkeys(
+        (Fault.QUEUE_ID, Fault.QUEUE_OFFSET, Fault.PHYSICAL_OFFSET),
+        "record of queue {queue_id} offset {queue_offset} at {physical_offset}, "
+        "expected queue {expected_queue_id} offset {expected_queue_offset} at {expected_physical_offset}",
+    ),
+    Fault.UNTERMINATED: "properties do not end in 0x02 (not fully written)",
+    Fault.TAG_HASH: "unit tag hash {expected} where the record's TAGS give {found}",
+    Fault.BODY_CRC: "body CRC {expected} where the record says {found}",
+}
 
 
 def record_problem(
@@ -51,50 +52,16 @@ def record_problem(
 ) -> str | None:
     """Why ``raw`` is not yet the whole record ``unit`` points at for this queue offset; None when it is."""
     commitlog_offset, size, tag = unit
-    if len(raw) != size or size < HEADER_PREFIX.size:
-        return f"{len(raw)} bytes where the unit says {size}"
-    try:
-        total, magic, crc, record_queue_id, _flag, record_queue_offset, physical, sysflag, _born = (
-            HEADER_PREFIX.unpack_from(raw)
-        )
-        if magic not in (MAGIC_V1, MAGIC_V2):
-            return f"magic 0x{magic & 0xFFFFFFFF:08x}"
-        if total != size:
-            return f"TOTALSIZE {total} where the unit says {size}"
-        if physical != commitlog_offset or record_queue_id != queue_id or record_queue_offset != queue_offset:
-            return (
-                f"record of queue {record_queue_id} offset {record_queue_offset} at {physical}, "
-                f"expected queue {queue_id} offset {queue_offset} at {commitlog_offset}"
-            )
-        cursor = POS_BORN_HOST + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8) + 8
-        cursor += (20 if sysflag & SYSFLAG_STOREHOST_V6 else 8) + 12
-        (body_len,) = _INT.unpack_from(raw, cursor)
-        cursor += 4
-        if body_len < 0 or cursor + body_len > size:
-            return f"body length {body_len} runs past the record"
-        body_at = cursor
-        cursor += body_len
-        topic_len = _SHORT.unpack_from(raw, cursor)[0] if magic == MAGIC_V2 else _BYTE.unpack_from(raw, cursor)[0]
-        cursor += 2 if magic == MAGIC_V2 else 1
-        if raw[cursor : cursor + topic_len] != topic_raw:
-            return "record of another topic"
-        cursor += topic_len
-        (properties_len,) = _SHORT.unpack_from(raw, cursor)
-        cursor += 2
-        if properties_len < 0 or cursor + properties_len != size:
-            return f"properties length {properties_len} does not end at the record size"
-        if properties_len and raw[-1] != 0x02:
-            return "properties do not end in 0x02 (not fully written)"
-        expected_tag = tag_hash_of(raw[cursor:]) if properties_len else 0
-        if expected_tag != tag:
-            return f"unit tag hash {tag} where the record's TAGS give {expected_tag}"
-    except struct.error as exc:
-        return f"undecodable header: {exc}"
-    with memoryview(raw) as view:
-        computed = body_crc(view[body_at : body_at + body_len])
-    if computed != crc:
-        return f"body CRC {computed} where the record says {crc}"
-    return None
+    rule = Expected(
+        topic=topic_raw,
+        queue_id=queue_id,
+        queue_offsets=queue_offset,
+        physical_offsets=np.array([commitlog_offset], dtype=np.int64),
+        tag_hashes=np.array([tag], dtype=np.int64),
+        terminated=True,
+    )
+    findings = explain(raw, rule, size=size)
+    return describe(findings, _FOLLOWED_WORDING, rule) if findings else None
 
 
 def grow_checked(log_: FollowedLog, queue: FollowedQueue, release_every: int) -> None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import struct
 import time
 
 import structlog
 
 from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import MAGIC_V2, POS_BORN_HOST, MessageRecord, decode, tag_hash
+from tieredstore.formats.message import MessageRecord, decode, tag_hash
 from tieredstore.formats.naming import validate_topic
+from tieredstore.formats.records import Expected, Fault, explain
 from tieredstore.local.checkpoint import Checkpoint
 from tieredstore.local.commit_log import ScanStop
 from tieredstore.local.index_file import record_index_keys
@@ -20,6 +20,9 @@ from tieredstore.local.results import RecoveryReport
 from tieredstore.local.store_state import StoreState
 
 log = structlog.get_logger(__name__)
+
+# A record the scan decoded must still end its properties in 0x02, as our writer leaves them.
+_TERMINATED = Expected(check_crc=False, terminated=True)
 
 
 class StoreRecovery(StoreState):
@@ -79,7 +82,7 @@ class StoreRecovery(StoreState):
             offset, size, record = item
             problem = self._unacceptable(record, allow_rebase=self.read_only or start == log_.min_offset)
             if problem is None and not self.read_only:
-                problem = self._torn_properties(offset, size, record)
+                problem = self._torn_properties(offset, size)
             if problem is not None:
                 stop = ScanStop(offset, problem)
                 break
@@ -133,7 +136,7 @@ class StoreRecovery(StoreState):
             return f"record has queue offset {record.queue_offset}, its queue expects {expected}"
         return None
 
-    def _torn_properties(self, offset: int, size: int, record: MessageRecord) -> str | None:
+    def _torn_properties(self, offset: int, size: int) -> str | None:
         """Our writer ends every property block in 0x02; a zeroed tail (a torn page) would not.
 
         Properties are outside the body CRC, so without this a record whose last page never reached
@@ -142,18 +145,8 @@ class StoreRecovery(StoreState):
         file = self._commit_log.file_for(offset)
         assert file is not None
         local = offset - file.start_offset
-        props_len_at = (
-            POS_BORN_HOST
-            + (20 if record.born_host.is_ipv6 else 8)
-            + 8
-            + (20 if record.store_host.is_ipv6 else 8)
-            + 16
-            + len(record.body)
-            + (2 if record.magic == MAGIC_V2 else 1)
-            + len(record.topic.encode("utf-8"))
-        )
-        (props_len,) = struct.unpack_from(">h", file.buffer, local + props_len_at)
-        if props_len and file.buffer[local + size - 1] != 0x02:
+        findings = explain(file.buffer[local : local + size], _TERMINATED)
+        if any(finding.fault is Fault.UNTERMINATED for finding in findings):
             return "record's properties do not end in the 0x02 separator (a torn tail)"
         return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, overload
@@ -12,23 +11,10 @@ import numpy.typing as npt
 import structlog
 
 from tieredstore.errors import CorruptRecordError, InvalidQueueError, MessageTooLargeError, ValidationError
-from tieredstore.formats.arrays import IPV4_RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
-from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
+from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
-from tieredstore.formats.message import (
-    MAGIC_V1,
-    MAGIC_V2,
-    NAME_VALUE_SEPARATOR,
-    POS_PHYSICAL_OFFSET,
-    PROPERTY_TAGS,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
-    RecordFields,
-    decode_properties,
-    property_value,
-    tag_hash,
-    verify_record,
-)
+from tieredstore.formats.message import POS_PHYSICAL_OFFSET, RecordFields, verify_record
+from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem, store_timestamps_of, tag_hashes_of
 from tieredstore.local.queue import ConsumeQueue
 from tieredstore.local.reading import validate_queue
 from tieredstore.local.results import PutResult
@@ -120,15 +106,6 @@ class _RestoredResults(Sequence[PutResult]):
         return (self[i] for i in range(len(self)))
 
 
-_TAGS_NAME = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
-
-
-@functools.lru_cache(maxsize=1024)
-def _restore_tag_hash(tags: str | None) -> int:
-    """``tag_hash`` remembered: a topic's messages carry few distinct tags, and the hash is a loop per character."""
-    return tag_hash(tags)
-
-
 class StoreRestore(StoreState):
     """``restore_messages``: whole runs of checked records written at once, keeping every byte but PHYSICALOFFSET."""
 
@@ -182,68 +159,23 @@ class StoreRestore(StoreState):
     def _restorable(self, topic: str, queue_id: int, data: bytes, record_sizes: Sequence[int]) -> _Restorable:
         """The records of ``data`` (back to back, ``record_sizes`` bytes each) checked at once; the first bad raises.
 
-        The fixed-position fields of all records are gathered and compared together; only the body
-        CRC (formats.checksum) and a TAGS lookup are per record. A record the batch check cannot prove sound goes
-        through ``_restorable_one``, which raises the error it deserves (or accepts a layout the
-        batch check does not take the short way, such as IPv6 hosts).
+        The batch record engine checks them all with the restore's rule; the first it flags goes through
+        ``_restorable_one``, which raises the error it deserves.
         """
         topic_raw = topic.encode("utf-8")
-        count = len(record_sizes)
-        sizes = np.array(record_sizes, dtype=np.int64)
-        starts = np.zeros(count, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        flat = np.frombuffer(data, dtype=np.uint8)
-        heads = gather(flat, starts, IPV4_RECORD_HEAD_DTYPE)
-        magic = heads["magic"]
-        v2 = magic == MAGIC_V2
-        suspect = (
-            (sizes < IPV4_RECORD_HEAD_DTYPE.itemsize) | (heads["total_size"] != sizes) | ((magic != MAGIC_V1) & ~v2)
-        )
-        # The short way takes IPv4 hosts only (the writer's own layout): BODYLEN at a fixed position.
-        suspect |= (heads["sysflag"] & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) != 0
-        suspect |= heads["queue_id"] != queue_id
-        body_len = heads["body_len"].astype(np.int64)
-        suspect |= (body_len < 0) | (body_len > self.config.max_message_size)
-        topic_len_at = IPV4_RECORD_HEAD_DTYPE.itemsize + body_len
-        topic_at = topic_len_at + np.where(v2, 2, 1)
-        tail_at = topic_at + len(topic_raw)
-        suspect |= tail_at + 2 > sizes
-        # Past the body, only records whose fields lie inside them are read (suspects read position 0).
-        sound = ~suspect
-        topic_len = np.where(
-            v2,
-            gather(flat, np.where(sound, starts + topic_len_at, 0), np.dtype(">i2")).astype(np.int64),
-            gather(flat, np.where(sound, starts + topic_len_at, 0), np.dtype("i1")).astype(np.int64),
-        )
-        suspect |= topic_len != len(topic_raw)
-        if topic_raw:
-            topics = gather(flat, np.where(sound, starts + topic_at, 0), np.dtype(f"V{len(topic_raw)}"))
-            suspect |= topics != np.void(topic_raw)
-        props_len = gather(flat, np.where(sound, starts + tail_at, 0), np.dtype(">i2")).astype(np.int64)
-        suspect |= (props_len < 0) | (tail_at + 2 + props_len != sizes)
-        del flat
-        body_ats = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize).tolist()
-        # A suspect's body may run anywhere: its CRC is taken by the per-record check.
-        body_ends = (starts + IPV4_RECORD_HEAD_DTYPE.itemsize + np.where(suspect, 0, body_len)).tolist()
-        with memoryview(data) as view:
-            computed = [crc32(view[begin:end]) for begin, end in zip(body_ats, body_ends, strict=True)]
-        suspect |= (np.array(computed, dtype=np.int64) & BODY_CRC_MASK) != heads["body_crc"]
-        queue_offsets = heads["queue_offset"].astype(np.int64)
-        stamps = heads["store_timestamp"].astype(np.int64)
-        tag_hashes = np.zeros(count, dtype=np.int64)
-        ends = (starts + sizes).tolist()
-        # In order, so that the first broken record is the one reported.
-        for index in np.flatnonzero(suspect).tolist():
-            # Raises for a broken record; a sound one of another layout comes back with its fields.
-            raw = bytes(data[ends[index] - record_sizes[index] : ends[index]])
-            fields = self._restorable_one(topic, topic_raw, queue_id, raw)
-            queue_offsets[index], stamps[index] = fields.queue_offset, fields.store_timestamp
-            tag_hashes[index] = _restore_tag_hash(property_value(raw, fields, PROPERTY_TAGS))
-        props_ats = (starts + tail_at + 2).tolist()
-        for index in np.flatnonzero(~suspect & (props_len >= len(_TAGS_NAME))).tolist():
-            if data.find(_TAGS_NAME, props_ats[index], ends[index]) >= 0:
-                properties = bytes(data[props_ats[index] : ends[index]])
-                tag_hashes[index] = _restore_tag_hash(decode_properties(properties).get(PROPERTY_TAGS))
+        run = PackedRun.back_to_back(data, record_sizes)
+        rule = Expected(topic=topic_raw, queue_id=queue_id, max_body_length=self.config.max_message_size)
+        bad = first_problem(run, rule)
+        if bad is not None:
+            begin = int(run.starts[bad])
+            self._restorable_one(topic, topic_raw, queue_id, bytes(data[begin : begin + record_sizes[bad]]))
+            # The engine and the per-record check flag the same records; this is never reached.
+            raise CorruptRecordError(f"restored record {bad} of {topic}/{queue_id} does not check out")
+        sizes, starts = run.sizes, run.starts
+        count = len(sizes)
+        queue_offsets = run.heads["queue_offset"].astype(np.int64)
+        stamps = store_timestamps_of(run.heads)
+        tag_hashes = tag_hashes_of(run, Layout.of(run), np.arange(count, dtype=np.int64))
         first = int(queue_offsets[0])
         jumps = np.flatnonzero(queue_offsets != first + np.arange(count))
         if len(jumps):
