@@ -3,23 +3,24 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tieredstore.errors import CorruptRecordError
+import numpy as np
+import numpy.typing as npt
+
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import FlatConsumeQueueFile, HeldOffsets
 from tieredstore.flat.queue_state import QueueFiles
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
-from tieredstore.formats.message import (
-    MIN_RECORD_SIZE,
-    PROPERTY_TAGS,
-    property_value,
-    split_back_to_back,
-    store_timestamp_of,
-    tag_hash,
-    verify_record,
+from tieredstore.formats.message import MIN_RECORD_SIZE, split_back_to_back, store_timestamp_of
+from tieredstore.formats.records import (
+    Expected,
+    Layout,
+    PackedRun,
+    first_problem,
+    store_timestamps_of,
+    tag_hashes_of,
 )
 from tieredstore.metadata import SegmentRecord
 
@@ -45,6 +46,24 @@ class RecoveryResult:
             or self.orphan_bytes_abandoned > 0
             or self.archived_offset != self.previous_archived_offset
         )
+
+
+def completing_units(
+    raw: bytes, at: int, topic_raw: bytes, queue_id: int, first_offset: int
+) -> tuple[list[ConsumeQueueUnit], npt.NDArray[np.int64]]:
+    """The units of the records back to back in ``raw`` (commit-log bytes from offset ``at``) up to the first
+    that is not a sound record of this queue at the next queue offset and its own PHYSICALOFFSET, and
+    their store timestamps: the batch record engine with a completed commit's rule."""
+    ends = np.asarray(split_back_to_back(raw, len(raw) // MIN_RECORD_SIZE + 1), dtype=np.int64)
+    run = PackedRun.at(raw, ends[:-1], np.diff(ends))
+    rule = Expected(topic=topic_raw, queue_id=queue_id, queue_offsets=first_offset, physical_offsets=at + run.starts)
+    bad = first_problem(run, rule)
+    whole = np.arange(len(run.starts) if bad is None else bad, dtype=np.int64)
+    tags = tag_hashes_of(run, Layout.of(run), whole).tolist()
+    places = (at + run.starts[whole]).tolist()
+    sizes = run.sizes[whole].tolist()
+    units = [ConsumeQueueUnit(*unit) for unit in zip(places, sizes, tags, strict=True)]
+    return units, store_timestamps_of(run.heads[whole])
 
 
 class QueueRecovery(QueueFiles):
@@ -125,33 +144,16 @@ class QueueRecovery(QueueFiles):
         store timestamp among them.
         """
         raw = await self.commit_log.read(referenced_end, self.commit_log.commit_offset - referenced_end)
-        ends = split_back_to_back(raw, len(raw) // MIN_RECORD_SIZE + 1)
-        topic = self.topic.encode("utf-8")
-        first = self.archived_offset
-        units: list[tuple[ConsumeQueueUnit, int]] = []
-        for start, end in itertools.pairwise(ends):
-            record = raw[start:end]
-            try:
-                fields = verify_record(record)
-            except CorruptRecordError:
-                break
-            if (
-                fields.queue_id != self.queue_id
-                or fields.queue_offset != first + len(units)
-                or fields.physical_offset != referenced_end + start
-                or record[fields.topic_at : fields.topic_at + fields.topic_len] != topic
-            ):
-                break
-            tags = property_value(record, fields, PROPERTY_TAGS)
-            unit = ConsumeQueueUnit(referenced_end + start, end - start, tag_hash(tags))
-            units.append((unit, fields.store_timestamp))
+        units, stamps = completing_units(
+            raw, referenced_end, self.topic.encode("utf-8"), self.queue_id, self.archived_offset
+        )
         if not units:
             return 0, referenced_end, None
-        for unit, timestamp in units:
+        for unit, timestamp in zip(units, stamps.tolist(), strict=True):
             await self.consume_queue.append_unit(unit, timestamp)
         await self.consume_queue.commit()
-        last = units[-1][0]
-        return len(units), last.commitlog_offset + last.size, max(timestamp for _, timestamp in units)
+        last = units[-1]
+        return len(units), last.commitlog_offset + last.size, int(stamps.max())
 
     async def _cut(self, flat_file: FlatCommitLogFile | FlatConsumeQueueFile, offset: int) -> bool:
         """Recovery's cut of ``flat_file`` at ``offset``; True if the bytes were abandoned.
