@@ -85,11 +85,19 @@ async def _two_nodes(tmp_path: Path, metadata_url: str) -> AsyncIterator[tuple[L
 
 @contextlib.asynccontextmanager
 async def _archiver(
-    runtime: Runtime, owner: str, *, clock_ms: Callable[[], int] = wall_clock_ms
+    runtime: Runtime,
+    owner: str,
+    *,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    lease_duration: float | None = None,
+    renew_interval: float | None = None,
 ) -> AsyncIterator[Dispatcher]:
     config = runtime.config.archiver
     leases = LeaseManager(
-        runtime.metadata, owner=owner, lease_duration=config.lease_duration, renew_interval=config.lease_renew_interval
+        runtime.metadata,
+        owner=owner,
+        lease_duration=lease_duration or config.lease_duration,
+        renew_interval=renew_interval or config.lease_renew_interval,
     )
     dispatcher = Dispatcher.from_runtime(runtime, leases=leases, clock_ms=clock_ms)
     await dispatcher.start()

@@ -10,6 +10,8 @@ from tests.scaleout.test_index_namespaces import QUEUES, TOPIC, _archiver, _prod
 from tieredstore.metadata import SegmentStatus
 from tieredstore.runtime import Runtime
 
+_STEADY = {"lease_duration": 180.0, "renew_interval": 60.0}
+
 
 def _later() -> int:
     """A clock far enough ahead that every message and index file is older than the default 72 h retention."""
@@ -40,7 +42,10 @@ async def test_each_archiver_expires_the_queues_it_holds_and_each_index_file_goe
         await a.keys.maintain()
         # B takes every queue over: one index file uploaded, then one it is still filling.
         _produce(producer, 20, 20)
-        async with _archiver(b, "b", clock_ms=_later) as b_dispatcher:
+        # Leases that need no renewal during the test: a background round (every second with the defaults here)
+        # would hand B's surplus to A at a moment the machine's load decides, and a queue between the two is
+        # expired by neither.
+        async with _archiver(b, "b", clock_ms=_later, **_STEADY) as b_dispatcher:
             await b_dispatcher.run_once()
             await b.index.seal_current()
             await b.keys.maintain()
@@ -50,8 +55,8 @@ async def test_each_archiver_expires_the_queues_it_holds_and_each_index_file_goe
             a_files = {name for name in catalogue if f"/{a.index.namespace}/" in name}
             b_files = catalogue - a_files
             assert len(a_files) == 1 and len(b_files) == 2
-            # A runs again beside B, which holds every queue (a later lease round may hand A some).
-            async with _archiver(a, "a", clock_ms=_later) as a_dispatcher:
+            # A runs again beside B, which holds every queue and keeps them (no lease round runs meanwhile).
+            async with _archiver(a, "a", clock_ms=_later, **_STEADY) as a_dispatcher:
                 await a_dispatcher.scan()
                 await a_dispatcher.maintain()
                 await b_dispatcher.maintain()
