@@ -5,20 +5,25 @@ partition ends. Records are packed back to back in the cold commit log, so the p
 is decoded in order without the consume queue; the consume queue is read only to step over a corrupt
 record, whose length cannot be trusted.
 
-The common record layout (v1 magic, IPv4 hosts) is decoded here field by field into column lists,
-several times faster than building a MessageRecord per row; any other layout goes through
-``tieredstore.formats.message.decode``. Both check the same things: magic, sizes, body CRC, and that
-the record is the one the consume queue promised (topic, queue id, queue offset).
+Runs of records in the common layout (v1 magic, IPv4 hosts) are checked and turned into Arrow columns a
+whole run at a time (``tieredstore.spark.columns``). A record that run path does not take is decoded
+here on its own: field by field in the common layout, where a failed check gets its precise message,
+and through ``tieredstore.formats.message.decode`` in any other layout. Every path checks the same
+things: magic, sizes, body CRC, and that the record is the one the consume queue promised (topic, queue
+id, queue offset). Only the columns the query asked for are built.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from tieredstore.errors import CorruptRecordError
@@ -26,9 +31,6 @@ from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.message import (
     MAGIC_V1,
     MIN_RECORD_SIZE,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_KEYS,
-    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
@@ -36,11 +38,14 @@ from tieredstore.formats.message import (
     MessageRecord,
     decode,
 )
+from tieredstore.formats.records import Layout
 from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider
+from tieredstore.spark.columns import Expected, RecordSlice, RunColumns, checked_prefix, store_timestamps
 from tieredstore.spark.layout import ArchiveView
 from tieredstore.spark.options import OnCorrupt, ScanOptions
 from tieredstore.spark.planning import PartitionPlan
+from tieredstore.spark.properties import parse_properties, split_keys
 from tieredstore.spark.schema import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,7 @@ log = logging.getLogger(__name__)
 # TOTALSIZE .. BODYLEN when both hosts are IPv4: 88 bytes.
 _IPV4_HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
 _SIZE = struct.Struct(">i")
+_FIRST_RUN = 64
 _PROPERTIES_LENGTH = struct.Struct(">h")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -86,16 +92,11 @@ class ColumnBuilder:
         return len(self.queue_offset)
 
     def add_properties(self, raw: bytes) -> dict[str, str]:
-        properties: dict[str, str] = {}
-        if raw:
-            for pair in raw.decode("utf-8", errors="replace").split(PROPERTY_SEPARATOR):
-                name, separator, value = pair.partition(NAME_VALUE_SEPARATOR)
-                if separator:
-                    properties[name] = value
+        properties = parse_properties(raw)
         self.property_names.extend(properties)
         self.property_values.extend(properties.values())
         self.property_offsets.append(len(self.property_names))
-        self.keys.extend(key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key)
+        self.keys.extend(split_keys(properties))
         self.key_offsets.append(len(self.keys))
         self.tags.append(properties.get(PROPERTY_TAGS) or None)
         return properties
@@ -120,7 +121,8 @@ class ColumnBuilder:
         self.reconsume_times.append(record.reconsume_times)
         self.sysflag.append(record.sysflag)
 
-    def build(self) -> pa.RecordBatch:
+    def build(self, names: Sequence[str]) -> pa.RecordBatch:
+        """The batch of the columns ``names``, in that order."""
         arrays = [
             pa.array(self.topic, pa.string()),
             pa.array(self.queue_id, pa.int32()),
@@ -144,7 +146,7 @@ class ColumnBuilder:
             pa.array(self.reconsume_times, pa.int32()),
             pa.array(self.sysflag, pa.int32()),
         ]
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA).select(list(names))
 
 
 @dataclass(slots=True)
@@ -162,10 +164,16 @@ class PartitionScanner:
     """Walks one partition's commit-log range record by record, in blocks of ``read_block_bytes``."""
 
     def __init__(
-        self, provider: Provider, plan: PartitionPlan, options: ScanOptions, stats: ReadStats | None = None
+        self,
+        provider: Provider,
+        plan: PartitionPlan,
+        options: ScanOptions,
+        stats: ReadStats | None = None,
+        columns: Sequence[str] = tuple(ARROW_SCHEMA.names),
     ) -> None:
         self.plan = plan
         self.options = options
+        self.columns = tuple(columns)
         self.view = ArchiveView(provider, plan.layout)
         self.segment = self.view.commit_log_segment(plan.commitlog_start)
         self.stats = stats if stats is not None else ReadStats()
@@ -174,6 +182,7 @@ class PartitionScanner:
         self._buffer = b""
         self._buffer_start = plan.commitlog_start
         self._run_end: int | None = None  # end of the held run the current queue offset is in
+        self._run_limit = _FIRST_RUN  # how many records the next run may take
 
     @property
     def done(self) -> bool:
@@ -209,29 +218,107 @@ class PartitionScanner:
 
     async def next_batch(self) -> pa.RecordBatch | None:
         """Up to ``batch_rows`` matching rows; None once the partition is exhausted."""
+        pieces: list[pa.RecordBatch] = []
+        rows = 0
         builder = ColumnBuilder()
-        while not self.done and len(builder) < self.options.batch_rows:
-            if self._position + _SIZE.size > self._buffer_end:
-                await self._fill(_SIZE.size)
-            (size,) = _SIZE.unpack_from(self._buffer, self._position - self._buffer_start)
-            try:
-                if size < MIN_RECORD_SIZE or self._position + size > self.plan.commitlog_end:
-                    raise _Corrupt(
-                        f"record size {size} does not fit the {self.plan.commitlog_end - self._position} "
-                        "bytes left in the partition"
-                    )
-                if self._position + size > self._buffer_end:
-                    await self._fill(size)
-                self._decode(builder, self._position - self._buffer_start, size)
-            except _Corrupt as corrupt:
-                await self._corrupt(str(corrupt))
-                continue
-            self._position += size
-            self._queue_offset = self._next_queue_offset()
-            self.stats.records += 1
+        while not self.done and rows + len(builder) < self.options.batch_rows:
+            piece = self._decode_run(self.options.batch_rows - rows - len(builder))
+            if piece is None:
+                await self._decode_one(builder)
+            elif piece.num_rows:
+                # Rows keep their record order: what the row path built so far goes first.
+                if builder:
+                    pieces.append(builder.build(self.columns))
+                    builder = ColumnBuilder()
+                pieces.append(piece)
+                rows += piece.num_rows
+        if builder:
+            pieces.append(builder.build(self.columns))
         # Rows filtered out do not count towards a batch, so an empty one means the range is done.
-        self.stats.rows += len(builder)
-        return builder.build() if builder else None
+        batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces) if pieces else None
+        self.stats.rows += batch.num_rows if batch is not None else 0
+        return batch
+
+    def _complete_records(self, limit: int) -> tuple[list[int], list[int]]:
+        """Starts (in the buffer) and sizes of up to ``limit`` whole records from the current position."""
+        buffer = self._buffer
+        at = self._position - self._buffer_start
+        end = min(len(buffer), self.plan.commitlog_end - self._buffer_start)
+        starts: list[int] = []
+        sizes: list[int] = []
+        unpack = _SIZE.unpack_from
+        while len(starts) < limit and at + _SIZE.size <= end:
+            (size,) = unpack(buffer, at)
+            if size < MIN_RECORD_SIZE or at + size > end:
+                break
+            starts.append(at)
+            sizes.append(size)
+            at += size
+        return starts, sizes
+
+    def _decode_run(self, limit: int) -> pa.RecordBatch | None:
+        """The matching rows of the leading records the run path takes; None when it takes none."""
+        starts, sizes = self._complete_records(min(limit, self._run_limit))
+        if not starts:
+            return None
+        run = RecordSlice.of(self._buffer, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+        layout = Layout.of(run)
+        offsets = self._expected_offsets(len(starts))
+        taken = checked_prefix(run, layout, Expected(self.plan.topic, self.plan.queue_id, offsets[:-1]))
+        # Runs grow while every record takes this path and start small again after one that did not, so
+        # records of other layouts mixed in often cost no second look at long runs.
+        self._run_limit = self._run_limit * 2 if taken == len(starts) else _FIRST_RUN
+        if not taken:
+            return None
+        if taken < len(starts):
+            run, layout = _rows_of(run, layout, np.arange(taken, dtype=np.int64))
+        self._position = self._buffer_start + starts[taken - 1] + sizes[taken - 1]
+        self._queue_offset = int(offsets[taken])
+        self._run_end = self.view.held_run_end(self._queue_offset)
+        self.stats.records += taken
+        matching = self.plan.scan_filter.matches_rows(offsets[:taken], store_timestamps(run))
+        if not matching.all():
+            rows = np.flatnonzero(matching)
+            run, layout = _rows_of(run, layout, rows)
+        return RunColumns(run, layout, self.plan.topic, self.plan.queue_id).batch(self.columns)
+
+    def _expected_offsets(self, count: int) -> npt.NDArray[np.int64]:
+        """The queue offsets the next ``count`` records must hold, and the one after them (held offsets only)."""
+        pieces = []
+        queue_offset = self._queue_offset
+        left = count + 1
+        while left > 0:
+            run_end = self.view.held_run_end(queue_offset)
+            taken = 1 if run_end is None else min(left, run_end - queue_offset)
+            pieces.append(np.arange(queue_offset, queue_offset + taken, dtype=np.int64))
+            left -= taken
+            following = queue_offset + taken
+            if run_end is None or following >= run_end:
+                held = self.view.next_held(following)
+                following = self.plan.queue_end if held is None else held
+            queue_offset = following
+        return np.concatenate(pieces)
+
+    async def _decode_one(self, builder: ColumnBuilder) -> None:
+        """Decode (or step over, when corrupt) the record at the current position by itself."""
+        if self._position + _SIZE.size > self._buffer_end:
+            await self._fill(_SIZE.size)
+        (size,) = _SIZE.unpack_from(self._buffer, self._position - self._buffer_start)
+        try:
+            if size < MIN_RECORD_SIZE or self._position + size > self.plan.commitlog_end:
+                raise _Corrupt(
+                    f"record size {size} does not fit the {self.plan.commitlog_end - self._position} "
+                    "bytes left in the partition"
+                )
+            if self._position + size > self._buffer_end:
+                await self._fill(size)
+            self._decode(builder, self._position - self._buffer_start, size)
+        except _Corrupt as corrupt:
+            await self._corrupt(str(corrupt))
+            return
+        self._position += size
+        self._queue_offset = self._next_queue_offset()
+        self.stats.records += 1
 
     async def _corrupt(self, reason: str) -> None:
         error = self._error(reason)
@@ -258,7 +345,7 @@ class PartitionScanner:
         if self._run_end is None or following >= self._run_end:
             held = self.view.next_held(following)
             following = self.plan.queue_end if held is None else held
-            self._run_end = next((end for start, end in self.view.held_runs if start <= following < end), None)
+            self._run_end = self.view.held_run_end(following)
         return following
 
     def _decode(self, builder: ColumnBuilder, at: int, size: int) -> None:
@@ -337,13 +424,23 @@ class PartitionScanner:
             raise _Corrupt(f"the record holds {topic}/{queue_id} queue offset {queue_offset}")
 
 
+def _rows_of(run: RecordSlice, layout: Layout, rows: npt.NDArray[np.int64]) -> tuple[RecordSlice, Layout]:
+    """Some records of a run, and their layout."""
+    fields = {field.name: getattr(layout, field.name)[rows] for field in dataclasses.fields(Layout)}
+    return run.take(rows), Layout(**fields)
+
+
 def read_partition(
-    plan: PartitionPlan, options: ScanOptions, stats: ReadStats | None = None
+    plan: PartitionPlan,
+    options: ScanOptions,
+    stats: ReadStats | None = None,
+    columns: Sequence[str] = tuple(ARROW_SCHEMA.names),
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one partition, read in an event loop of its own; ``stats`` is filled as it goes."""
+    """Arrow batches of ``columns`` of one partition, read in an event loop of its own; ``stats`` is filled as
+    it goes."""
     with asyncio.Runner() as runner:
         provider = open_provider(options.cold_url, **options.provider_options)
-        scanner = PartitionScanner(provider, plan, options, stats)
+        scanner = PartitionScanner(provider, plan, options, stats, columns)
         try:
             while (batch := runner.run(scanner.next_batch())) is not None:
                 yield batch
