@@ -170,12 +170,13 @@ def spark_options(cold_url: str, metadata_url: str, s3: MotoServer) -> dict[str,
 
 @benchmark(
     "spark_scan",
-    title="Spark scan of an S3 archive vs raw GETs from two processes",
+    title="Spark scan of an S3 archive vs ready-made Arrow batches and vs raw GETs from two processes",
     issue=8,
     summary=(
         f"`count(*)` and `sum(length(body))` over every archived message ({BODY_BYTES} B bodies, {QUEUES} queues, "
         "archived by the Dispatcher to a moto S3 server in its own process) with "
-        '`spark.read.format("tieredstore")` on one `local[2]` SparkSession kept across rounds, beside two '
+        '`spark.read.format("tieredstore")` on one `local[2]` SparkSession kept across rounds, beside a Python '
+        "data source yielding ready-made Arrow batches of the same schema and row count (issue 31), and beside two "
         "processes GETting half of the cold commit-log chunk objects each with boto3."
     ),
 )

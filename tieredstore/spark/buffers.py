@@ -1,9 +1,9 @@
 """Arrow string and binary columns built from byte ranges of one buffer, with no Python object per row.
 
 An Arrow string column is one data buffer and one offsets buffer. The ranges (a body, a property value)
-are copied end to end into a new data buffer, in the cheapest way their shape allows: one row gather
-when every range has the same length (bodies of one producer often do), one index gather when they are
-short, and one join of buffer slices when they are long and uneven.
+are copied end to end into a new data buffer, in the cheapest way their shape allows: one gather of
+fixed-size items when every range has the same length (bodies of one producer often do), one index
+gather when they are short, and one join of buffer slices when they are long and uneven.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-
-from tieredstore.formats.arrays import gather_rows
 
 Int64Array = npt.NDArray[np.int64]
 ByteArray = npt.NDArray[np.uint8]
@@ -31,8 +29,10 @@ def gather_ranges(data: ByteArray, starts: Int64Array, lengths: Int64Array) -> t
     if total == 0:
         return np.zeros(0, dtype=np.uint8), offsets
     first = int(lengths[0])
-    if first > 0 and bool((lengths == first).all()):
-        return gather_rows(data, starts, first).reshape(-1), offsets
+    if first > 0 and bool((lengths == first).all()) and data.flags.c_contiguous:
+        # Each range as one fixed-size item: a fancy index then copies a whole range at a time.
+        items = np.ndarray((len(data) - first + 1,), dtype=np.dtype((np.void, first)), buffer=data, strides=(1,))
+        return items[starts].view(np.uint8), offsets
     if total <= _SHORT_RANGE * count:
         index = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
         gathered: ByteArray = data[index]

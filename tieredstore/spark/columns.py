@@ -84,14 +84,12 @@ def checked_prefix(run: RecordSlice, layout: Layout, expected: Expected) -> int:
     if len(topic):
         places = (run.starts + layout.topic_at)[:, None] + np.arange(len(topic), dtype=np.int64)
         good &= (flat[np.clip(places, 0, max(len(flat) - 1, 0))] == topic).all(axis=1)
-    body_starts = (run.starts + layout.body_at).tolist()
-    body_ends = (run.starts + layout.body_at + layout.body_length).tolist()
+    body_starts = run.starts + layout.body_at
+    # An unsound length may point anywhere; the slice is clamped and the record already marked bad.
+    body_ends = np.maximum(body_starts + layout.body_length, body_starts)
     view = memoryview(run.data)
-    computed = np.fromiter(
-        (crc32(view[start:end]) if start <= end else -1 for start, end in zip(body_starts, body_ends, strict=True)),
-        dtype=np.int64,
-        count=len(body_starts),
-    )
+    bodies = map(view.__getitem__, map(slice, body_starts.tolist(), body_ends.tolist()))
+    computed = np.fromiter(map(crc32, bodies), dtype=np.int64, count=len(body_starts))
     good &= (computed & BODY_CRC_MASK) == heads["body_crc"]
     bad = np.flatnonzero(~good)
     return int(bad[0]) if len(bad) else len(good)
@@ -192,6 +190,8 @@ class RunColumns:
         unique_keys = self.properties.string_of(PROPERTY_UNIQ_KEY, empty_is_null=True)
         if unique_keys.null_count == 0:
             return unique_keys
+        if unique_keys.null_count == len(self):
+            return self._offset_message_ids()
         return pc.if_else(pc.is_valid(unique_keys), unique_keys, self._offset_message_ids())
 
     def _offset_message_ids(self) -> pa.Array:

@@ -94,7 +94,12 @@ class Pairs:
 
     def keys_array(self, list_type: pa.DataType) -> pa.Array:
         """Property KEYS of every record split at spaces, empty keys dropped (none without KEYS)."""
-        whole = self.string_of(PROPERTY_KEYS, empty_is_null=False)
+        start, length, present = self.value_of(PROPERTY_KEYS)
+        if not present.any():
+            return pa.ListArray.from_arrays(
+                pa.array(np.zeros(self.records + 1, np.int32)), pa.array([], pa.string()), type=list_type
+            )
+        whole = string_array(*gather_ranges(self.data, start, length))
         split = pc.split_pattern(whole, " ")
         keys = split.flatten()
         parents = np.asarray(pc.list_parent_indices(split))

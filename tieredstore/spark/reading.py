@@ -27,6 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from tieredstore.errors import CorruptRecordError
+from tieredstore.formats.arrays import gather
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -38,7 +39,7 @@ from tieredstore.formats.message import (
     MessageRecord,
     decode,
 )
-from tieredstore.formats.records import Layout
+from tieredstore.formats.records import Int64Array, Layout
 from tieredstore.providers.base import Provider
 from tieredstore.providers.registry import open_provider
 from tieredstore.spark.columns import Expected, RecordSlice, RunColumns, checked_prefix, store_timestamps
@@ -53,7 +54,9 @@ log = logging.getLogger(__name__)
 # TOTALSIZE .. BODYLEN when both hosts are IPv4: 88 bytes.
 _IPV4_HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
 _SIZE = struct.Struct(">i")
-_FIRST_RUN = 64
+_FIRST_RUN = 1024
+_RUN_AFTER_ANOTHER_LAYOUT = 64
+_REPEATS_BEFORE_A_JUMP = 4
 _PROPERTIES_LENGTH = struct.Struct(">h")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -239,40 +242,62 @@ class PartitionScanner:
         self.stats.rows += batch.num_rows if batch is not None else 0
         return batch
 
-    def _complete_records(self, limit: int) -> tuple[list[int], list[int]]:
-        """Starts (in the buffer) and sizes of up to ``limit`` whole records from the current position."""
+    def _complete_records(self, limit: int) -> tuple[Int64Array, Int64Array]:
+        """Starts (in the buffer) and sizes of up to ``limit`` whole records from the current position.
+
+        Sizes are read record by record until several in a row are equal; then the records that follow
+        with that same size are found in one gather, which is how a producer of same-sized messages is read.
+        """
         buffer = self._buffer
+        flat = np.frombuffer(buffer, dtype=np.uint8)
         at = self._position - self._buffer_start
         end = min(len(buffer), self.plan.commitlog_end - self._buffer_start)
         starts: list[int] = []
         sizes: list[int] = []
+        pieces: list[tuple[Int64Array, Int64Array]] = []
+        count = repeats = previous = 0
         unpack = _SIZE.unpack_from
-        while len(starts) < limit and at + _SIZE.size <= end:
+        while count < limit and at + _SIZE.size <= end:
             (size,) = unpack(buffer, at)
             if size < MIN_RECORD_SIZE or at + size > end:
                 break
-            starts.append(at)
-            sizes.append(size)
-            at += size
-        return starts, sizes
+            repeats = repeats + 1 if size == previous else 0
+            previous = size
+            if repeats < _REPEATS_BEFORE_A_JUMP:
+                starts.append(at)
+                sizes.append(size)
+                count += 1
+                at += size
+                continue
+            places = at + size * np.arange(min(limit - count, (end - at) // size), dtype=np.int64)
+            same = gather(flat, places, ">i4") == size
+            taken = len(places) if bool(same.all()) else int(np.argmin(same))
+            pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
+            pieces.append((places[:taken], np.full(taken, size, dtype=np.int64)))
+            starts, sizes = [], []
+            count += taken
+            at += size * taken
+            repeats = 0
+        pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
+        return np.concatenate([piece[0] for piece in pieces]), np.concatenate([piece[1] for piece in pieces])
 
     def _decode_run(self, limit: int) -> pa.RecordBatch | None:
         """The matching rows of the leading records the run path takes; None when it takes none."""
         starts, sizes = self._complete_records(min(limit, self._run_limit))
-        if not starts:
+        if not len(starts):
             return None
-        run = RecordSlice.of(self._buffer, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+        run = RecordSlice.of(self._buffer, starts, sizes)
         layout = Layout.of(run)
         offsets = self._expected_offsets(len(starts))
         taken = checked_prefix(run, layout, Expected(self.plan.topic, self.plan.queue_id, offsets[:-1]))
         # Runs grow while every record takes this path and start small again after one that did not, so
         # records of other layouts mixed in often cost no second look at long runs.
-        self._run_limit = self._run_limit * 2 if taken == len(starts) else _FIRST_RUN
+        self._run_limit = self._run_limit * 2 if taken == len(starts) else _RUN_AFTER_ANOTHER_LAYOUT
         if not taken:
             return None
         if taken < len(starts):
             run, layout = _rows_of(run, layout, np.arange(taken, dtype=np.int64))
-        self._position = self._buffer_start + starts[taken - 1] + sizes[taken - 1]
+        self._position = self._buffer_start + int(starts[taken - 1] + sizes[taken - 1])
         self._queue_offset = int(offsets[taken])
         self._run_end = self.view.held_run_end(self._queue_offset)
         self.stats.records += taken
