@@ -6,7 +6,8 @@ kept on a POSIX cold tier, so neither S3 nor moto takes a share of the two cores
 1. In this process, ``read_partition`` over every partition: the time spent building each column
    (every column builder of ``tieredstore.spark.columns`` is timed), and the read rate with all columns.
 2. On a ``local[2]`` SparkSession, ``count(*)`` with the full schema, with each column dropped through
-   ``.schema(...)``, and with one column only: the rows per second of each, best of ``--rounds``.
+   ``.schema(...)``, and with one column only: the rows per second of each, best of ``--rounds`` rounds
+   that each run every schema once.
 
 It prints a Markdown table for BENCHMARKS.md. This is a measurement, not a benchmark with a baseline:
 the harness's ``spark_scan`` is the comparison.
@@ -76,20 +77,19 @@ def spark_rates(options: dict[str, str], messages: int, rounds: int) -> dict[str
     for name in ARROW_SCHEMA.names:
         schemas[f"without {name}"] = StructType([field for field in full.fields if field.name != name])
     schemas["queue_offset only"] = StructType([full["queue_offset"]])
-    rates: dict[str, float] = {}
+    rates: dict[str, float] = defaultdict(float)
     with local_spark() as spark:
         spark.read.format("tieredstore").options(**options).load(TOPIC).where("queue_offset < 4").count()
-        for label, schema in schemas.items():
-            best = 0.0
-            for _ in range(rounds):
+        # Every schema once per round, so that load from elsewhere drifting over the run spreads evenly.
+        for _ in range(rounds):
+            for label, schema in schemas.items():
                 started = time.perf_counter()
                 counted = spark.read.format("tieredstore").schema(schema).options(**options).load(TOPIC).count()
                 seconds = time.perf_counter() - started
                 if counted != messages:
                     raise RuntimeError(f"{label}: counted {counted} of {messages}")
-                best = max(best, messages / seconds)
-            rates[label] = best
-    return rates
+                rates[label] = max(rates[label], messages / seconds)
+    return dict(rates)
 
 
 def main() -> None:
