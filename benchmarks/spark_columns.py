@@ -96,23 +96,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("messages", type=int, nargs="?", default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keys", action="store_true", help="give every message a key (property KEYS)")
+    parser.add_argument("--no-spark", action="store_true", help="the in-process measurement only")
     arguments = parser.parse_args()
     messages = arguments.messages
     with tempfile.TemporaryDirectory(prefix="spark-columns-") as work:
         work_dir = Path(work)
-        hot = fill_hot_store(work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES)
+        hot = fill_hot_store(
+            work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES, keys=arguments.keys
+        )
         config = config_for(hot.data_dir, queues=QUEUES)
         archive(config, with_index=False, expected=messages)
         reader_options = {"cold_url": config.effective_cold_url, "metadata_url": config.effective_metadata_url}
         rate, spent = in_process(ScanOptions.parse({**reader_options, "path": TOPIC}), messages)
-        rates = spark_rates(reader_options, messages, arguments.rounds)
+        rates = {} if arguments.no_spark else spark_rates(reader_options, messages, arguments.rounds)
     print(f"In one process: {rate:,.0f} rows/s over {messages:,} messages with every column built.\n")
     print("| column | build time, µs per row | Spark count(*) without it, rows/s |")
     print("|---|---|---|")
     for name in ARROW_SCHEMA.names:
-        print(f"| {name} | {spent.get(name, 0.0) / messages * 1e6:.3f} | {rates[f'without {name}']:,.0f} |")
-    print(f"| (all 14 columns) | {sum(spent.values()) / messages * 1e6:.3f} | {rates['all 14 columns']:,.0f} |")
-    print(f"| (queue_offset only) | | {rates['queue_offset only']:,.0f} |")
+        print(f"| {name} | {spent.get(name, 0.0) / messages * 1e6:.3f} | {rates.get(f'without {name}', 0):,.0f} |")
+    print(f"| (all 14 columns) | {sum(spent.values()) / messages * 1e6:.3f} | {rates.get('all 14 columns', 0):,.0f} |")
+    print(f"| (queue_offset only) | | {rates.get('queue_offset only', 0):,.0f} |")
 
 
 if __name__ == "__main__":
