@@ -1,9 +1,9 @@
 """Reading one partition in a task: commit-log bytes in large ranged reads, decoded straight into Arrow.
 
-Each partition runs its own event loop (``asyncio.Runner``) and its own provider, closed when the
-partition ends. Records are packed back to back in the cold commit log, so the partition's byte range
-is decoded in order without the consume queue; the consume queue is read only to step over a corrupt
-record, whose length cannot be trusted.
+Partitions run in an event loop and through a provider that a Python worker keeps from one partition
+to the next (``tieredstore.spark.session``). Records are packed back to back in the cold commit log,
+so the partition's byte range is decoded in order without the consume queue; the consume queue is read
+only to step over a corrupt record, whose length cannot be trusted.
 
 Runs of records in the common layout (v1 magic, IPv4 hosts) are checked and turned into Arrow columns a
 whole run at a time (``tieredstore.spark.columns``). A record that run path does not take is decoded
@@ -15,7 +15,6 @@ id, queue offset). Only the columns the query asked for are built.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import struct
@@ -41,13 +40,13 @@ from tieredstore.formats.message import (
 )
 from tieredstore.formats.records import Int64Array, Layout
 from tieredstore.providers.base import Provider
-from tieredstore.providers.registry import open_provider
 from tieredstore.spark.columns import Expected, RecordSlice, RunColumns, checked_prefix, store_timestamps
 from tieredstore.spark.layout import ArchiveView
 from tieredstore.spark.options import OnCorrupt, ScanOptions
 from tieredstore.spark.planning import PartitionPlan
 from tieredstore.spark.properties import parse_properties, split_keys
 from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.spark.session import read_session
 
 log = logging.getLogger(__name__)
 
@@ -461,16 +460,12 @@ def read_partition(
     stats: ReadStats | None = None,
     columns: Sequence[str] = tuple(ARROW_SCHEMA.names),
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of ``columns`` of one partition, read in an event loop of its own; ``stats`` is filled as
-    it goes."""
-    with asyncio.Runner() as runner:
-        provider = open_provider(options.cold_url, **options.provider_options)
-        scanner = PartitionScanner(provider, plan, options, stats, columns)
-        try:
-            while (batch := runner.run(scanner.next_batch())) is not None:
-                yield batch
-        finally:
-            runner.run(provider.close())
+    """Arrow batches of ``columns`` of one partition, read in this thread's event loop (``read_session``);
+    ``stats`` is filled as it goes."""
+    with read_session(options) as session:
+        scanner = PartitionScanner(session.provider, plan, options, stats, columns)
+        while (batch := session.runner.run(scanner.next_batch())) is not None:
+            yield batch
     if scanner.stats.skipped:
         log.warning(
             "tieredstore: skipped %d corrupt record(s) of %d in partition %s (on_corrupt=skip)",
