@@ -15,6 +15,7 @@ id, queue offset). Only the columns the query asked for are built.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import struct
@@ -185,6 +186,7 @@ class PartitionScanner:
         self._buffer_start = plan.commitlog_start
         self._run_end: int | None = None  # end of the held run the current queue offset is in
         self._run_limit = _FIRST_RUN  # how many records the next run may take
+        self._ahead: tuple[int, int, asyncio.Future[bytes]] | None = None  # start, length, read of the next block
 
     @property
     def done(self) -> bool:
@@ -199,7 +201,7 @@ class PartitionScanner:
         keep = self._buffer[self._position - self._buffer_start :] if self._position < self._buffer_end else b""
         start = self._position + len(keep)
         length = min(max(needed - len(keep), self.options.read_block_bytes), self.plan.commitlog_end - start)
-        data = await self.view.read_commit_log(start, length) if length > 0 else b""
+        data = await self._read(start, length) if length > 0 else b""
         self.stats.reads += 1
         self.stats.bytes_read += len(data)
         self._buffer = keep + data if keep else data
@@ -209,6 +211,30 @@ class PartitionScanner:
                 f"storage holds {len(self._buffer)} bytes from here, the archive's recorded size promised "
                 f"{self.plan.commitlog_end - self._position} (was it removed by retention during the scan?)"
             )
+
+    async def _read(self, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (more when the block read ahead holds more), and the next block
+        read ahead: its GET runs in a worker thread while Spark takes in the batches of this one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == start and ahead[1] >= length:
+            data = await ahead[2]
+        else:
+            if ahead is not None:
+                ahead[2].cancel()
+            data = await self.view.read_commit_log(start, length)
+        following = start + len(data)
+        if data and following < self.plan.commitlog_end:
+            block = min(self.options.read_block_bytes, self.plan.commitlog_end - following)
+            task = asyncio.ensure_future(self.view.read_commit_log(following, block))
+            self._ahead = (following, block, task)
+            await asyncio.sleep(0)  # let the read start before this task goes back to decoding
+        return data
+
+    def cancel_read_ahead(self) -> None:
+        """Drop the block read ahead (the partition ends before it is needed)."""
+        if self._ahead is not None:
+            self._ahead[2].cancel()
+            self._ahead = None
 
     def _error(self, reason: str) -> CorruptRecordError:
         return CorruptRecordError(
@@ -464,8 +490,11 @@ def read_partition(
     ``stats`` is filled as it goes."""
     with read_session(options) as session:
         scanner = PartitionScanner(session.provider, plan, options, stats, columns)
-        while (batch := session.runner.run(scanner.next_batch())) is not None:
-            yield batch
+        try:
+            while (batch := session.runner.run(scanner.next_batch())) is not None:
+                yield batch
+        finally:
+            scanner.cancel_read_ahead()
     if scanner.stats.skipped:
         log.warning(
             "tieredstore: skipped %d corrupt record(s) of %d in partition %s (on_corrupt=skip)",
