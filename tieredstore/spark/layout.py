@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
+import numpy.typing as npt
+
 from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError
 from tieredstore.flat.consume_queue import FlatConsumeQueueFile
 from tieredstore.flat.listing import listed_segments
@@ -164,6 +167,23 @@ class ArchiveView:
         if index >= 0 and queue_offset < self.held_runs[index][1]:
             return self.held_runs[index][1]
         return None
+
+    def held_offsets(self, queue_offset: int, count: int, *, past_the_end: int) -> npt.NDArray[np.int64]:
+        """``count`` held queue offsets from ``queue_offset`` on, each the one a reader steps to after the
+        last; past the last held offset every step gives ``past_the_end``."""
+        pieces = []
+        left = count
+        while left > 0:
+            run_end = self.held_run_end(queue_offset)
+            taken = 1 if run_end is None else min(left, run_end - queue_offset)
+            pieces.append(np.arange(queue_offset, queue_offset + taken, dtype=np.int64))
+            left -= taken
+            following = queue_offset + taken
+            if run_end is None or following >= run_end:
+                held = self.next_held(following)
+                following = past_the_end if held is None else held
+            queue_offset = following
+        return np.concatenate(pieces)
 
     def last_held_before(self, queue_offset: int) -> int | None:
         """The last held queue offset below ``queue_offset``; None if there is none."""

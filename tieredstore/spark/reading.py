@@ -313,7 +313,7 @@ class PartitionScanner:
             return None
         run = RecordSlice.of(self._buffer, starts, sizes)
         layout = Layout.of(run)
-        offsets = self._expected_offsets(len(starts))
+        offsets = self.view.held_offsets(self._queue_offset, len(starts) + 1, past_the_end=self.plan.queue_end)
         taken = checked_prefix(run, layout, Expected(self.plan.topic, self.plan.queue_id, offsets[:-1]))
         # Runs grow while every record takes this path and start small again after one that did not, so
         # records of other layouts mixed in often cost no second look at long runs.
@@ -331,23 +331,6 @@ class PartitionScanner:
             rows = np.flatnonzero(matching)
             run, layout = _rows_of(run, layout, rows)
         return RunColumns(run, layout, self.plan.topic, self.plan.queue_id).batch(self.columns)
-
-    def _expected_offsets(self, count: int) -> npt.NDArray[np.int64]:
-        """The queue offsets the next ``count`` records must hold, and the one after them (held offsets only)."""
-        pieces = []
-        queue_offset = self._queue_offset
-        left = count + 1
-        while left > 0:
-            run_end = self.view.held_run_end(queue_offset)
-            taken = 1 if run_end is None else min(left, run_end - queue_offset)
-            pieces.append(np.arange(queue_offset, queue_offset + taken, dtype=np.int64))
-            left -= taken
-            following = queue_offset + taken
-            if run_end is None or following >= run_end:
-                held = self.view.next_held(following)
-                following = self.plan.queue_end if held is None else held
-            queue_offset = following
-        return np.concatenate(pieces)
 
     async def _decode_one(self, builder: ColumnBuilder) -> None:
         """Decode (or step over, when corrupt) the record at the current position by itself."""
