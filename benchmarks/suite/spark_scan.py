@@ -1,4 +1,4 @@
-"""Spark scan of an S3 archive (issue 8): ``spark.read.format("tieredstore")`` on local[2] beside raw boto3 GETs.
+"""Spark scan of an S3 archive (issues 8, 31): ``spark.read.format("tieredstore")`` on local[2] beside two baselines.
 
 The data is archived once by the real Dispatcher (1 KiB messages over 16 queues) to a moto server in
 its own process. Each "ours" round runs ``count(*)`` and ``sum(length(body))`` over the whole topic on
@@ -7,6 +7,10 @@ metadata and two Python workers read and decode them into Arrow. The baseline is
 GETting half of the cold commit-log chunk objects in full with boto3: the same record bytes, the same
 two cores, nothing decoded or checked. GET requests of both sides are counted from the moto server's
 request log (ours includes the consume-queue reads of planning).
+
+The second baseline is what Spark can take in from any Python data source: ``benchmarks.arrow_batches``
+yields ready-made Arrow batches of the same 14-column schema (a sample batch our reader decoded before
+the rounds), as many rows in as many partitions, with no reading and no decoding at all.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+from benchmarks.arrow_batches import ArrowBatchesSource, write_sample
 from benchmarks.baselines import s3_client
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark, stopwatch
 from benchmarks.services import S3_CREDENTIALS, S3_REGION, MotoServer
 from benchmarks.workloads import TOPIC, archive, config_for, fill_hot_store, per_thousand, request_counts
 from tieredstore.spark.options import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_READ_BLOCK_BYTES, ScanOptions
 from tieredstore.spark.planning import plan_partitions
+from tieredstore.spark.reading import read_partition
+from tieredstore.spark.schema import spark_schema
 
 QUEUES = 16
 BODY_BYTES = 1024
@@ -121,6 +128,7 @@ def local_spark() -> Iterator[Any]:
     )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
+    session.dataSource.register(ArrowBatchesSource)
     try:
         yield session
     finally:
@@ -162,12 +170,13 @@ def spark_options(cold_url: str, metadata_url: str, s3: MotoServer) -> dict[str,
 
 @benchmark(
     "spark_scan",
-    title="Spark scan of an S3 archive vs raw GETs from two processes",
+    title="Spark scan of an S3 archive vs ready-made Arrow batches and vs raw GETs from two processes",
     issue=8,
     summary=(
         f"`count(*)` and `sum(length(body))` over every archived message ({BODY_BYTES} B bodies, {QUEUES} queues, "
         "archived by the Dispatcher to a moto S3 server in its own process) with "
-        '`spark.read.format("tieredstore")` on one `local[2]` SparkSession kept across rounds, beside two '
+        '`spark.read.format("tieredstore")` on one `local[2]` SparkSession kept across rounds, beside a Python '
+        "data source yielding ready-made Arrow batches of the same schema and row count (issue 31), and beside two "
         "processes GETting half of the cold commit-log chunk objects each with boto3."
     ),
 )
@@ -186,7 +195,16 @@ def spark_scan(ctx: BenchmarkContext) -> None:
         objects = _commit_log_objects(client, bucket)
         keys = [key for key, _ in objects]
         options = spark_options(cold_url, config.effective_metadata_url, s3)
-        partitions = len(plan_partitions(ScanOptions.parse({**options, "path": TOPIC})))
+        scan_options = ScanOptions.parse({**options, "path": TOPIC})
+        plans = plan_partitions(scan_options)
+        partitions = len(plans)
+        sample_path = ctx.work_dir / "sample.arrow"
+        batches = read_partition(plans[0], scan_options)
+        try:
+            write_sample(next(batches), sample_path)
+        finally:
+            batches.close()
+        ready_made = {"sample": str(sample_path), "rows": str(messages), "partitions": str(partitions)}
         ctx.parameter(
             messages=messages,
             queues=queues,
@@ -205,6 +223,8 @@ def spark_scan(ctx: BenchmarkContext) -> None:
             # Start the Python workers and import tieredstore in them before any round: a filter on
             # queue_offset prunes the warm-up to a few records per queue.
             spark.read.format("tieredstore").options(**options).load(TOPIC).where("queue_offset < 4").count()
+            # The same for the ready-made source, whose workers read and cache the sample batch here.
+            spark.read.format("arrow_batches").schema(spark_schema()).options(**ready_made).load().count()
 
             def ours(_: Path) -> Measurement:
                 before = request_counts(s3)
@@ -242,6 +262,26 @@ def spark_scan(ctx: BenchmarkContext) -> None:
                     },
                 )
 
+            def arrow_batches(_: Path) -> Measurement:
+                with stopwatch() as elapsed:
+                    frame = spark.read.format("arrow_batches").schema(spark_schema()).options(**ready_made).load()
+                    row = frame.agg(F.count("*").alias("rows"), F.sum(F.length("body")).alias("body_bytes")).first()
+                seconds = elapsed()
+                if row is None or row["rows"] != messages:
+                    raise RuntimeError(f"Spark counted {row} rows of ready-made batches for {messages}")
+                return Measurement(seconds=seconds, items=messages, bytes=hot.record_bytes)
+
+            ctx.compare(
+                "full scan vs Spark's Python-source ceiling",
+                description=(
+                    f"{messages:,} messages, count(*) and sum(length(body)), beside a Python source yielding "
+                    f"ready-made Arrow batches of the same schema in {partitions} partitions"
+                ),
+                baseline=Contender("Python data source yielding ready-made Arrow batches", arrow_batches),
+                ours=Contender("Spark local[2], tieredstore source", ours),
+                unit="row",
+                target=Target.at_least(0.8, "≥ 0.8 of the ready-made batches"),
+            )
             ctx.compare(
                 "full scan",
                 description=f"{messages:,} messages, count(*) and sum(length(body)) over the whole topic",

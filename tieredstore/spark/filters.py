@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from pyspark.sql.datasource import (
     EqualTo,
     Filter,
@@ -30,6 +32,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
+BoolArray = npt.NDArray[np.bool_]
 NON_NULL_COLUMNS = frozenset(
     {
         "topic",
@@ -91,6 +94,20 @@ class ScanFilter:
     def time_end_ms(self) -> int | None:
         """The first store time (ms) past the range."""
         return None if self.timestamp_end_us is None else _ceil_div(self.timestamp_end_us, 1000)
+
+    def matches_rows(
+        self, queue_offsets: npt.NDArray[np.int64], store_timestamps_ms: npt.NDArray[np.int64]
+    ) -> BoolArray:
+        """``matches_row`` of many rows at once."""
+        matches: BoolArray = queue_offsets >= self.queue_offset_start
+        if self.queue_offset_end is not None:
+            matches &= queue_offsets < self.queue_offset_end
+        start_ms, end_ms = self.time_start_ms, self.time_end_ms
+        if start_ms is not None:
+            matches &= store_timestamps_ms >= start_ms
+        if end_ms is not None:
+            matches &= store_timestamps_ms < end_ms
+        return matches
 
     def matches_row(self, queue_offset: int, store_timestamp_ms: int) -> bool:
         """The row-level re-check of the offset and time ranges."""

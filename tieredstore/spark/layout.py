@@ -5,8 +5,9 @@ and removes orphan bytes, which is the archiver's job. ``ArchiveView`` therefore
 provider segment handles from the sizes it was given and only reads through them.
 
 A consume queue may have holes: offsets the hot store lost before they were archived, recorded as a
-gap between two consume-queue segments while the commit log carries on unbroken. The view knows the
-held runs of offsets, and every search and step moves over held offsets only.
+gap between two consume-queue segments while the commit log carries on unbroken. The view takes the
+held runs of offsets from the flat consume queue, loaded read-only, and every search and step moves
+over held offsets only.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ import bisect
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
-from tieredstore.errors import CorruptRecordError, NotFoundError
+import numpy as np
+import numpy.typing as npt
+
+from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError
+from tieredstore.flat.consume_queue import FlatConsumeQueueFile
 from tieredstore.flat.listing import listed_segments
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, queue_path
-from tieredstore.metadata import MetadataStore, SegmentFileType, SegmentRecord
+from tieredstore.metadata import MetadataStore, SegmentFileType, SegmentRecord, SegmentStatus
 from tieredstore.providers.base import FileSegment, Provider
 
 RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # every fixed header field up to STORETIMESTAMP, IPv6 hosts included
@@ -74,11 +80,15 @@ class ArchiveView:
         self.provider = provider
         self.layout = layout
         self._commit_log = [self._segment(FileType.COMMIT_LOG, span) for span in layout.commit_log]
-        self._consume_queue = [self._segment(FileType.CONSUME_QUEUE, span) for span in layout.consume_queue]
+        # The consume queue as the flat layer sees it, loaded read-only at the given sizes: its held runs
+        # (holes left out) are the flat file's own.
+        self.consume_queue = FlatConsumeQueueFile(provider, _NO_METADATA, layout.path)
+        self.consume_queue.load([_segment_record(layout.path, span) for span in layout.consume_queue])
+        self._consume_queue = self.consume_queue.segments
         self._commit_log_bases = [span.base_offset for span in layout.commit_log]
-        self._consume_queue_bases = [span.base_offset for span in layout.consume_queue]
+        self._consume_queue_bases = [segment.base_offset for segment in self._consume_queue]
         self._units: dict[int, ConsumeQueueUnit] = {}
-        self.held_runs = held_runs(layout.consume_queue)
+        self.held_runs = list(self.consume_queue.queue_runs().held)
         self._run_starts = [start for start, _ in self.held_runs]
 
     def _segment(self, file_type: FileType, span: SegmentSpan) -> FileSegment:
@@ -151,6 +161,30 @@ class ArchiveView:
                 return max(start, queue_offset)
         return None
 
+    def held_run_end(self, queue_offset: int) -> int | None:
+        """The end of the held run holding ``queue_offset``; None when it is not held."""
+        index = bisect.bisect_right(self._run_starts, queue_offset) - 1
+        if index >= 0 and queue_offset < self.held_runs[index][1]:
+            return self.held_runs[index][1]
+        return None
+
+    def held_offsets(self, queue_offset: int, count: int, *, past_the_end: int) -> npt.NDArray[np.int64]:
+        """``count`` held queue offsets from ``queue_offset`` on, each the one a reader steps to after the
+        last; past the last held offset every step gives ``past_the_end``."""
+        pieces = []
+        left = count
+        while left > 0:
+            run_end = self.held_run_end(queue_offset)
+            taken = 1 if run_end is None else min(left, run_end - queue_offset)
+            pieces.append(np.arange(queue_offset, queue_offset + taken, dtype=np.int64))
+            left -= taken
+            following = queue_offset + taken
+            if run_end is None or following >= run_end:
+                held = self.next_held(following)
+                following = past_the_end if held is None else held
+            queue_offset = following
+        return np.concatenate(pieces)
+
     def last_held_before(self, queue_offset: int) -> int | None:
         """The last held queue offset below ``queue_offset``; None if there is none."""
         index = bisect.bisect_left(self._run_starts, queue_offset) - 1
@@ -217,18 +251,29 @@ class ArchiveView:
         return found, await self.unit(found)
 
 
-def held_runs(consume_queue: Sequence[SegmentSpan]) -> list[tuple[int, int]]:
-    """The [start, end) runs of queue offsets the consume-queue segments hold, holes left out."""
-    runs: list[tuple[int, int]] = []
-    for span in consume_queue:
-        start, end = span.base_offset // UNIT_SIZE, span.end_offset // UNIT_SIZE
-        if end <= start:
-            continue
-        if runs and runs[-1][1] == start:
-            runs[-1] = (runs[-1][0], end)
-        else:
-            runs.append((start, end))
-    return runs
+class _NoMetadata:
+    """The metadata store of a view that never writes: any use of it is a bug, said as such."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ReadOnlyError(f"the Spark source reads the archive only; it has no metadata store to {name}")
+
+
+_NO_METADATA = cast(MetadataStore, _NoMetadata())
+
+
+def _segment_record(path: str, span: SegmentSpan) -> SegmentRecord:
+    """A consume-queue segment of a layout as the flat layer loads it: sealed at the size the layout gives."""
+    return SegmentRecord(
+        path,
+        SegmentFileType.CONSUME_QUEUE,
+        span.base_offset,
+        span.size,
+        SegmentStatus.SEALED,
+        created_timestamp=0,
+        begin_timestamp=span.begin_timestamp,
+        end_timestamp=span.end_timestamp,
+        sealed_timestamp=None,
+    )
 
 
 # ---- discovery ------------------------------------------------------------------------------------

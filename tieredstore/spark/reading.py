@@ -1,34 +1,37 @@
 """Reading one partition in a task: commit-log bytes in large ranged reads, decoded straight into Arrow.
 
-Each partition runs its own event loop (``asyncio.Runner``) and its own provider, closed when the
-partition ends. Records are packed back to back in the cold commit log, so the partition's byte range
-is decoded in order without the consume queue; the consume queue is read only to step over a corrupt
-record, whose length cannot be trusted.
+Partitions run in an event loop and through a provider that a Python worker keeps from one partition
+to the next (``tieredstore.spark.session``). Records are packed back to back in the cold commit log,
+so the partition's byte range is decoded in order without the consume queue; the consume queue is read
+only to step over a corrupt record, whose length cannot be trusted.
 
-The common record layout (v1 magic, IPv4 hosts) is decoded here field by field into column lists,
-several times faster than building a MessageRecord per row; any other layout goes through
-``tieredstore.formats.message.decode``. Both check the same things: magic, sizes, body CRC, and that
-the record is the one the consume queue promised (topic, queue id, queue offset).
+Runs of records in the common layout (v1 magic, IPv4 hosts) are checked and turned into Arrow columns a
+whole run at a time (``tieredstore.spark.columns``). A record that run path does not take is decoded
+here on its own: field by field in the common layout, where a failed check gets its precise message,
+and through ``tieredstore.formats.message.decode`` in any other layout. Every path checks the same
+things: magic, sizes, body CRC, and that the record is the one the consume queue promised (topic, queue
+id, queue offset). Only the columns the query asked for are built.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from tieredstore.errors import CorruptRecordError
+from tieredstore.formats.arrays import gather
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.message import (
     MAGIC_V1,
     MIN_RECORD_SIZE,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_KEYS,
-    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
@@ -36,18 +39,24 @@ from tieredstore.formats.message import (
     MessageRecord,
     decode,
 )
+from tieredstore.formats.records import Int64Array, Layout
 from tieredstore.providers.base import Provider
-from tieredstore.providers.registry import open_provider
+from tieredstore.spark.columns import Expected, RecordSlice, RunColumns, checked_prefix, store_timestamps
 from tieredstore.spark.layout import ArchiveView
 from tieredstore.spark.options import OnCorrupt, ScanOptions
 from tieredstore.spark.planning import PartitionPlan
+from tieredstore.spark.properties import parse_properties, split_keys
 from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.spark.session import read_session
 
 log = logging.getLogger(__name__)
 
 # TOTALSIZE .. BODYLEN when both hosts are IPv4: 88 bytes.
 _IPV4_HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
 _SIZE = struct.Struct(">i")
+_FIRST_RUN = 1024
+_RUN_AFTER_ANOTHER_LAYOUT = 64
+_REPEATS_BEFORE_A_JUMP = 4
 _PROPERTIES_LENGTH = struct.Struct(">h")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -86,16 +95,11 @@ class ColumnBuilder:
         return len(self.queue_offset)
 
     def add_properties(self, raw: bytes) -> dict[str, str]:
-        properties: dict[str, str] = {}
-        if raw:
-            for pair in raw.decode("utf-8", errors="replace").split(PROPERTY_SEPARATOR):
-                name, separator, value = pair.partition(NAME_VALUE_SEPARATOR)
-                if separator:
-                    properties[name] = value
+        properties = parse_properties(raw)
         self.property_names.extend(properties)
         self.property_values.extend(properties.values())
         self.property_offsets.append(len(self.property_names))
-        self.keys.extend(key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key)
+        self.keys.extend(split_keys(properties))
         self.key_offsets.append(len(self.keys))
         self.tags.append(properties.get(PROPERTY_TAGS) or None)
         return properties
@@ -120,7 +124,8 @@ class ColumnBuilder:
         self.reconsume_times.append(record.reconsume_times)
         self.sysflag.append(record.sysflag)
 
-    def build(self) -> pa.RecordBatch:
+    def build(self, names: Sequence[str]) -> pa.RecordBatch:
+        """The batch of the columns ``names``, in that order."""
         arrays = [
             pa.array(self.topic, pa.string()),
             pa.array(self.queue_id, pa.int32()),
@@ -144,7 +149,7 @@ class ColumnBuilder:
             pa.array(self.reconsume_times, pa.int32()),
             pa.array(self.sysflag, pa.int32()),
         ]
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA).select(list(names))
 
 
 @dataclass(slots=True)
@@ -162,10 +167,16 @@ class PartitionScanner:
     """Walks one partition's commit-log range record by record, in blocks of ``read_block_bytes``."""
 
     def __init__(
-        self, provider: Provider, plan: PartitionPlan, options: ScanOptions, stats: ReadStats | None = None
+        self,
+        provider: Provider,
+        plan: PartitionPlan,
+        options: ScanOptions,
+        stats: ReadStats | None = None,
+        columns: Sequence[str] = tuple(ARROW_SCHEMA.names),
     ) -> None:
         self.plan = plan
         self.options = options
+        self.columns = tuple(columns)
         self.view = ArchiveView(provider, plan.layout)
         self.segment = self.view.commit_log_segment(plan.commitlog_start)
         self.stats = stats if stats is not None else ReadStats()
@@ -174,6 +185,8 @@ class PartitionScanner:
         self._buffer = b""
         self._buffer_start = plan.commitlog_start
         self._run_end: int | None = None  # end of the held run the current queue offset is in
+        self._run_limit = _FIRST_RUN  # how many records the next run may take
+        self._ahead: tuple[int, int, asyncio.Future[bytes]] | None = None  # start, length, read of the next block
 
     @property
     def done(self) -> bool:
@@ -188,7 +201,7 @@ class PartitionScanner:
         keep = self._buffer[self._position - self._buffer_start :] if self._position < self._buffer_end else b""
         start = self._position + len(keep)
         length = min(max(needed - len(keep), self.options.read_block_bytes), self.plan.commitlog_end - start)
-        data = await self.view.read_commit_log(start, length) if length > 0 else b""
+        data = await self._read(start, length) if length > 0 else b""
         self.stats.reads += 1
         self.stats.bytes_read += len(data)
         self._buffer = keep + data if keep else data
@@ -198,6 +211,30 @@ class PartitionScanner:
                 f"storage holds {len(self._buffer)} bytes from here, the archive's recorded size promised "
                 f"{self.plan.commitlog_end - self._position} (was it removed by retention during the scan?)"
             )
+
+    async def _read(self, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (more when the block read ahead holds more), and the next block
+        read ahead: its GET runs in a worker thread while Spark takes in the batches of this one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == start and ahead[1] >= length:
+            data = await ahead[2]
+        else:
+            if ahead is not None:
+                ahead[2].cancel()
+            data = await self.view.read_commit_log(start, length)
+        following = start + len(data)
+        if data and following < self.plan.commitlog_end:
+            block = min(self.options.read_block_bytes, self.plan.commitlog_end - following)
+            task = asyncio.ensure_future(self.view.read_commit_log(following, block))
+            self._ahead = (following, block, task)
+            await asyncio.sleep(0)  # let the read start before this task goes back to decoding
+        return data
+
+    def cancel_read_ahead(self) -> None:
+        """Drop the block read ahead (the partition ends before it is needed)."""
+        if self._ahead is not None:
+            self._ahead[2].cancel()
+            self._ahead = None
 
     def _error(self, reason: str) -> CorruptRecordError:
         return CorruptRecordError(
@@ -209,29 +246,112 @@ class PartitionScanner:
 
     async def next_batch(self) -> pa.RecordBatch | None:
         """Up to ``batch_rows`` matching rows; None once the partition is exhausted."""
+        pieces: list[pa.RecordBatch] = []
+        rows = 0
         builder = ColumnBuilder()
-        while not self.done and len(builder) < self.options.batch_rows:
-            if self._position + _SIZE.size > self._buffer_end:
-                await self._fill(_SIZE.size)
-            (size,) = _SIZE.unpack_from(self._buffer, self._position - self._buffer_start)
-            try:
-                if size < MIN_RECORD_SIZE or self._position + size > self.plan.commitlog_end:
-                    raise _Corrupt(
-                        f"record size {size} does not fit the {self.plan.commitlog_end - self._position} "
-                        "bytes left in the partition"
-                    )
-                if self._position + size > self._buffer_end:
-                    await self._fill(size)
-                self._decode(builder, self._position - self._buffer_start, size)
-            except _Corrupt as corrupt:
-                await self._corrupt(str(corrupt))
-                continue
-            self._position += size
-            self._queue_offset = self._next_queue_offset()
-            self.stats.records += 1
+        while not self.done and rows + len(builder) < self.options.batch_rows:
+            piece = self._decode_run(self.options.batch_rows - rows - len(builder))
+            if piece is None:
+                await self._decode_one(builder)
+            elif piece.num_rows:
+                # Rows keep their record order: what the row path built so far goes first.
+                if builder:
+                    pieces.append(builder.build(self.columns))
+                    builder = ColumnBuilder()
+                pieces.append(piece)
+                rows += piece.num_rows
+        if builder:
+            pieces.append(builder.build(self.columns))
         # Rows filtered out do not count towards a batch, so an empty one means the range is done.
-        self.stats.rows += len(builder)
-        return builder.build() if builder else None
+        batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces) if pieces else None
+        self.stats.rows += batch.num_rows if batch is not None else 0
+        return batch
+
+    def _complete_records(self, limit: int) -> tuple[Int64Array, Int64Array]:
+        """Starts (in the buffer) and sizes of up to ``limit`` whole records from the current position.
+
+        Sizes are read record by record until several in a row are equal; then the records that follow
+        with that same size are found in one gather, which is how a producer of same-sized messages is read.
+        """
+        buffer = self._buffer
+        flat = np.frombuffer(buffer, dtype=np.uint8)
+        at = self._position - self._buffer_start
+        end = min(len(buffer), self.plan.commitlog_end - self._buffer_start)
+        starts: list[int] = []
+        sizes: list[int] = []
+        pieces: list[tuple[Int64Array, Int64Array]] = []
+        count = repeats = previous = 0
+        unpack = _SIZE.unpack_from
+        while count < limit and at + _SIZE.size <= end:
+            (size,) = unpack(buffer, at)
+            if size < MIN_RECORD_SIZE or at + size > end:
+                break
+            repeats = repeats + 1 if size == previous else 0
+            previous = size
+            if repeats < _REPEATS_BEFORE_A_JUMP:
+                starts.append(at)
+                sizes.append(size)
+                count += 1
+                at += size
+                continue
+            places = at + size * np.arange(min(limit - count, (end - at) // size), dtype=np.int64)
+            same = gather(flat, places, ">i4") == size
+            taken = len(places) if bool(same.all()) else int(np.argmin(same))
+            pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
+            pieces.append((places[:taken], np.full(taken, size, dtype=np.int64)))
+            starts, sizes = [], []
+            count += taken
+            at += size * taken
+            repeats = 0
+        pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
+        return np.concatenate([piece[0] for piece in pieces]), np.concatenate([piece[1] for piece in pieces])
+
+    def _decode_run(self, limit: int) -> pa.RecordBatch | None:
+        """The matching rows of the leading records the run path takes; None when it takes none."""
+        starts, sizes = self._complete_records(min(limit, self._run_limit))
+        if not len(starts):
+            return None
+        run = RecordSlice.of(self._buffer, starts, sizes)
+        layout = Layout.of(run)
+        offsets = self.view.held_offsets(self._queue_offset, len(starts) + 1, past_the_end=self.plan.queue_end)
+        taken = checked_prefix(run, layout, Expected(self.plan.topic, self.plan.queue_id, offsets[:-1]))
+        # Runs grow while every record takes this path and start small again after one that did not, so
+        # records of other layouts mixed in often cost no second look at long runs.
+        self._run_limit = self._run_limit * 2 if taken == len(starts) else _RUN_AFTER_ANOTHER_LAYOUT
+        if not taken:
+            return None
+        if taken < len(starts):
+            run, layout = _rows_of(run, layout, np.arange(taken, dtype=np.int64))
+        self._position = self._buffer_start + int(starts[taken - 1] + sizes[taken - 1])
+        self._queue_offset = int(offsets[taken])
+        self._run_end = self.view.held_run_end(self._queue_offset)
+        self.stats.records += taken
+        matching = self.plan.scan_filter.matches_rows(offsets[:taken], store_timestamps(run))
+        if not matching.all():
+            rows = np.flatnonzero(matching)
+            run, layout = _rows_of(run, layout, rows)
+        return RunColumns(run, layout, self.plan.topic, self.plan.queue_id).batch(self.columns)
+
+    async def _decode_one(self, builder: ColumnBuilder) -> None:
+        """Decode (or step over, when corrupt) the record at the current position by itself."""
+        if self._position + _SIZE.size > self._buffer_end:
+            await self._fill(_SIZE.size)
+        (size,) = _SIZE.unpack_from(self._buffer, self._position - self._buffer_start)
+        try:
+            if size < MIN_RECORD_SIZE or self._position + size > self.plan.commitlog_end:
+                raise _Corrupt(
+                    f"record size {size} does not fit the {self.plan.commitlog_end - self._position} "
+                    "bytes left in the partition"
+                )
+            if self._position + size > self._buffer_end:
+                await self._fill(size)
+            self._decode(builder, self._position - self._buffer_start, size)
+        except _Corrupt as corrupt:
+            await self._corrupt(str(corrupt))
+            return
+        self._position += size
+        self._queue_offset = self._next_queue_offset()
+        self.stats.records += 1
 
     async def _corrupt(self, reason: str) -> None:
         error = self._error(reason)
@@ -258,7 +378,7 @@ class PartitionScanner:
         if self._run_end is None or following >= self._run_end:
             held = self.view.next_held(following)
             following = self.plan.queue_end if held is None else held
-            self._run_end = next((end for start, end in self.view.held_runs if start <= following < end), None)
+            self._run_end = self.view.held_run_end(following)
         return following
 
     def _decode(self, builder: ColumnBuilder, at: int, size: int) -> None:
@@ -337,18 +457,27 @@ class PartitionScanner:
             raise _Corrupt(f"the record holds {topic}/{queue_id} queue offset {queue_offset}")
 
 
+def _rows_of(run: RecordSlice, layout: Layout, rows: npt.NDArray[np.int64]) -> tuple[RecordSlice, Layout]:
+    """Some records of a run, and their layout."""
+    fields = {field.name: getattr(layout, field.name)[rows] for field in dataclasses.fields(Layout)}
+    return run.take(rows), Layout(**fields)
+
+
 def read_partition(
-    plan: PartitionPlan, options: ScanOptions, stats: ReadStats | None = None
+    plan: PartitionPlan,
+    options: ScanOptions,
+    stats: ReadStats | None = None,
+    columns: Sequence[str] = tuple(ARROW_SCHEMA.names),
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one partition, read in an event loop of its own; ``stats`` is filled as it goes."""
-    with asyncio.Runner() as runner:
-        provider = open_provider(options.cold_url, **options.provider_options)
-        scanner = PartitionScanner(provider, plan, options, stats)
+    """Arrow batches of ``columns`` of one partition, read in this thread's event loop (``read_session``);
+    ``stats`` is filled as it goes."""
+    with read_session(options) as session:
+        scanner = PartitionScanner(session.provider, plan, options, stats, columns)
         try:
-            while (batch := runner.run(scanner.next_batch())) is not None:
+            while (batch := session.runner.run(scanner.next_batch())) is not None:
                 yield batch
         finally:
-            runner.run(provider.close())
+            scanner.cancel_read_ahead()
     if scanner.stats.skipped:
         log.warning(
             "tieredstore: skipped %d corrupt record(s) of %d in partition %s (on_corrupt=skip)",

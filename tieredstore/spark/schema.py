@@ -2,7 +2,8 @@
 
 Spark checks every Arrow batch a Python source yields against ``to_arrow_schema(schema, "UTC")``,
 field names, types and nullability included, so ``ARROW_SCHEMA`` is spelled to match it exactly
-(tests/spark checks that it does).
+(tests/spark checks that it does). A query may name fewer columns with ``.schema(...)``: any of ours,
+in any order, each with our type; the source then builds only those.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from tieredstore.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +63,24 @@ ARROW_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in
 def spark_schema() -> StructType:
     """The Spark schema of every ``tieredstore`` DataFrame."""
     return StructType([StructField(column.name, column.spark_type, nullable=True) for column in COLUMNS])
+
+
+def requested_columns(schema: StructType) -> tuple[str, ...]:
+    """The names of the columns a query asked for, checked against ours; ConfigError when one does not fit."""
+    ours = {column.name: column.spark_type for column in COLUMNS}
+    names = tuple(field.name for field in schema.fields)
+    for field in schema.fields:
+        if field.name not in ours:
+            raise ConfigError(f"tieredstore has no column {field.name!r}; its columns are {', '.join(ours)}")
+        if field.dataType != ours[field.name]:
+            raise ConfigError(
+                f"tieredstore column {field.name!r} is {ours[field.name].simpleString()}, "
+                f"not {field.dataType.simpleString()}"
+            )
+        if not field.nullable:
+            raise ConfigError(f"declare tieredstore column {field.name!r} nullable (Spark's default), not NOT NULL")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"a column is named twice in the schema {schema.simpleString()}")
+    if not names:
+        raise ConfigError("the schema names no column; name at least one, e.g. .schema('queue_offset BIGINT')")
+    return names

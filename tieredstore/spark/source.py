@@ -4,7 +4,8 @@ Spark runs each piece in a Python worker: ``schema`` when ``load()`` is called, 
 ``pushFilters`` and ``partitions`` when the query is planned (on the driver's machine: this is where
 the metadata database must be reachable), and ``read`` once per partition in a task. The reader is
 pickled to the tasks with its options, which is how S3 credentials reach executors; they are in no
-partition and in no ``repr``.
+partition and in no ``repr``. A query that gives a schema of its own (``.schema(...)``) gets only
+those columns, and only those are built.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tieredstore.spark.filters import ScanFilter, push_filters
 from tieredstore.spark.options import ScanOptions
 from tieredstore.spark.planning import PartitionPlan, plan_partitions
 from tieredstore.spark.reading import read_partition
-from tieredstore.spark.schema import spark_schema
+from tieredstore.spark.schema import ARROW_SCHEMA, requested_columns, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,8 +44,9 @@ class TieredStorePartition(InputPartition):
 class TieredStoreReader(DataSourceReader):
     """Plans partitions from metadata (or by listing) and reads each one in its own event loop."""
 
-    def __init__(self, options: ScanOptions) -> None:
+    def __init__(self, options: ScanOptions, columns: tuple[str, ...] = tuple(ARROW_SCHEMA.names)) -> None:
         self.options = options
+        self.columns = columns
         self.scan_filter = ScanFilter()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
@@ -58,10 +60,10 @@ class TieredStoreReader(DataSourceReader):
         # Spark substitutes one InputPartition(None) when nothing survived planning.
         if not isinstance(partition, TieredStorePartition):
             return iter(())
-        return read_partition(partition.plan, self.options)
+        return read_partition(partition.plan, self.options, columns=self.columns)
 
     def __repr__(self) -> str:
-        return f"TieredStoreReader({self.options!r}, {self.scan_filter!r})"
+        return f"TieredStoreReader({self.options!r}, {self.scan_filter!r}, columns={self.columns!r})"
 
 
 class TieredStoreDataSource(DataSource):
@@ -76,7 +78,9 @@ class TieredStoreDataSource(DataSource):
         return spark_schema()
 
     def reader(self, schema: StructType) -> TieredStoreReader:
-        return TieredStoreReader(ScanOptions.parse(self.options))
+        # Spark passes the schema given with .schema(...), else ours: it prunes no column of a Python source
+        # by itself, so a narrower user schema is how a query avoids building columns it does not need.
+        return TieredStoreReader(ScanOptions.parse(self.options), requested_columns(schema))
 
 
 def register(spark: SparkSession) -> None:

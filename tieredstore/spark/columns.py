@@ -1,0 +1,224 @@
+"""Arrow columns of a run of records in the common layout (v1 magic, IPv4 hosts), built for the whole run.
+
+The batch record engine (``tieredstore.formats.records``) gives every record's fixed head and field
+positions at once; here they are checked against what the consume queue promised (sizes, body CRC, topic,
+queue id, queue offset) and turned into Arrow columns with numpy gathers, not per-row Python objects. Only
+the columns a query asked for are built. A record this path does not take (another layout, or one that
+fails a check) is left to the row-by-row decoder in ``tieredstore.spark.reading``, which explains it with
+the same message as ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tieredstore.formats.arrays import as_values
+from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
+from tieredstore.formats.message import (
+    MAGIC_V1,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+)
+from tieredstore.formats.records import Layout, gather_heads
+from tieredstore.spark.buffers import ByteArray, Int64Array, gather_ranges, repeated_string, string_array
+from tieredstore.spark.properties import Pairs, parse_properties, split_keys, split_pairs
+from tieredstore.spark.schema import ARROW_SCHEMA
+
+BoolArray = npt.NDArray[np.bool_]
+
+# In the common layout the hosts part of a head is: born host, STORETIMESTAMP, store host, RECONSUMETIMES.
+_STORE_TIMESTAMP = slice(8, 16)
+_STORE_HOST = slice(16, 24)
+_RECONSUME_TIMES = slice(24, 28)
+_IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+# The row-by-row decoder takes records shorter than its 88-byte head and three length bytes itself.
+_SHORTEST_COMMON = 88 + 3
+_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSlice:
+    """Records back to back in ``data`` (a ``RecordRun`` of the batch record engine)."""
+
+    data: bytes | bytearray
+    starts: Int64Array
+    sizes: Int64Array
+    heads: np.ndarray
+
+    @classmethod
+    def of(cls, data: bytes | bytearray, starts: Int64Array, sizes: Int64Array) -> RecordSlice:
+        return cls(data, starts, sizes, gather_heads(data, starts))
+
+    def take(self, rows: Int64Array) -> RecordSlice:
+        return RecordSlice(self.data, self.starts[rows], self.sizes[rows], self.heads[rows])
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What the consume queue promised of each record of a run."""
+
+    topic: str
+    queue_id: int
+    queue_offsets: Int64Array
+
+
+def checked_prefix(run: RecordSlice, layout: Layout, expected: Expected) -> int:
+    """How many leading records of ``run`` are in the common layout and pass every check."""
+    heads = run.heads
+    flat = np.frombuffer(run.data, dtype=np.uint8)
+    good = (heads["magic"] == MAGIC_V1) & ((heads["sysflag"] & _IPV6_BITS) == 0) & (run.sizes >= _SHORTEST_COMMON)
+    good &= layout.sound
+    good &= heads["queue_id"] == expected.queue_id
+    good &= heads["queue_offset"] == expected.queue_offsets
+    topic = np.frombuffer(expected.topic.encode(), dtype=np.uint8)
+    good &= layout.topic_length == len(topic)
+    if len(topic):
+        places = (run.starts + layout.topic_at)[:, None] + np.arange(len(topic), dtype=np.int64)
+        good &= (flat[np.clip(places, 0, max(len(flat) - 1, 0))] == topic).all(axis=1)
+    body_starts = run.starts + layout.body_at
+    # An unsound length may point anywhere; the slice is clamped and the record already marked bad.
+    body_ends = np.maximum(body_starts + layout.body_length, body_starts)
+    view = memoryview(run.data)
+    bodies = map(view.__getitem__, map(slice, body_starts.tolist(), body_ends.tolist()))
+    computed = np.fromiter(map(crc32, bodies), dtype=np.int64, count=len(body_starts))
+    good &= (computed & BODY_CRC_MASK) == heads["body_crc"]
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if len(bad) else len(good)
+
+
+def store_timestamps(run: RecordSlice) -> Int64Array:
+    """STORETIMESTAMP of each record of the common layout, in milliseconds."""
+    return as_values(run.heads["hosts"][:, _STORE_TIMESTAMP], ">i8").astype(np.int64)
+
+
+class RowProperties:
+    """The properties of a run read record by record: the rare case ``split_pairs`` leaves to the row rules."""
+
+    def __init__(self, raws: Sequence[bytes]) -> None:
+        self.dicts = [parse_properties(raw) for raw in raws]
+
+    def map_array(self, map_type: pa.DataType) -> pa.Array:
+        offsets = np.zeros(len(self.dicts) + 1, dtype=np.int32)
+        np.cumsum([len(properties) for properties in self.dicts], out=offsets[1:])
+        names = pa.array([name for properties in self.dicts for name in properties], pa.string())
+        values = pa.array([value for properties in self.dicts for value in properties.values()], pa.string())
+        return pa.MapArray.from_arrays(pa.array(offsets), names, values, type=map_type)
+
+    def string_of(self, name: str, *, empty_is_null: bool) -> pa.Array:
+        if empty_is_null:
+            return pa.array([properties.get(name) or None for properties in self.dicts], pa.string())
+        return pa.array([properties.get(name, "") for properties in self.dicts], pa.string())
+
+    def keys_array(self, list_type: pa.DataType) -> pa.Array:
+        return pa.array([split_keys(properties) for properties in self.dicts], list_type)
+
+
+class RunColumns:
+    """The columns of the records of a run, each built when it is first asked for."""
+
+    def __init__(self, run: RecordSlice, layout: Layout, topic: str, queue_id: int) -> None:
+        self.run = run
+        self.layout = layout
+        self.topic = topic
+        self.queue_id = queue_id
+        self.flat: ByteArray = np.frombuffer(run.data, dtype=np.uint8)
+        self._properties: Pairs | RowProperties | None = None
+
+    def __len__(self) -> int:
+        return len(self.run.starts)
+
+    @property
+    def properties(self) -> Pairs | RowProperties:
+        if self._properties is None:
+            starts = self.run.starts + self.layout.properties_at
+            data, offsets = gather_ranges(self.flat, starts, self.layout.properties_length)
+            pairs = split_pairs(data, offsets)
+            self._properties = (
+                pairs
+                if pairs is not None
+                else RowProperties([data[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(self))])
+            )
+        return self._properties
+
+    def batch(self, names: Sequence[str]) -> pa.RecordBatch:
+        schema = pa.schema([ARROW_SCHEMA.field(name) for name in names])
+        return pa.RecordBatch.from_arrays([_BUILDERS[name](self) for name in names], schema=schema)
+
+    def _type(self, name: str) -> pa.DataType:
+        return ARROW_SCHEMA.field(name).type
+
+    def _int32(self, values: npt.NDArray[Any]) -> pa.Array:
+        return pa.array(values.astype(np.int32), pa.int32())
+
+    def topic_column(self) -> pa.Array:
+        return repeated_string(self.topic, len(self))
+
+    def queue_id_column(self) -> pa.Array:
+        return pa.array(np.full(len(self), self.queue_id, dtype=np.int32), pa.int32())
+
+    def queue_offset_column(self) -> pa.Array:
+        return pa.array(self.run.heads["queue_offset"].astype(np.int64), pa.int64())
+
+    def commitlog_offset_column(self) -> pa.Array:
+        return pa.array(self.run.heads["physical_offset"].astype(np.int64), pa.int64())
+
+    def store_timestamp_column(self) -> pa.Array:
+        return pa.array(store_timestamps(self.run) * 1000, self._type("store_timestamp"))
+
+    def born_timestamp_column(self) -> pa.Array:
+        return pa.array(self.run.heads["born_timestamp"].astype(np.int64) * 1000, self._type("born_timestamp"))
+
+    def keys_column(self) -> pa.Array:
+        return self.properties.keys_array(self._type("keys"))
+
+    def tags_column(self) -> pa.Array:
+        return self.properties.string_of(PROPERTY_TAGS, empty_is_null=True)
+
+    def properties_column(self) -> pa.Array:
+        return self.properties.map_array(self._type("properties"))
+
+    def msg_id_column(self) -> pa.Array:
+        unique_keys = self.properties.string_of(PROPERTY_UNIQ_KEY, empty_is_null=True)
+        if unique_keys.null_count == 0:
+            return unique_keys
+        if unique_keys.null_count == len(self):
+            return self._offset_message_ids()
+        return pc.if_else(pc.is_valid(unique_keys), unique_keys, self._offset_message_ids())
+
+    def _offset_message_ids(self) -> pa.Array:
+        """The offset message id of each record: store host and commit-log offset, in upper-case hex."""
+        heads = self.run.heads
+        raw = np.empty((len(self), 16), dtype=np.uint8)
+        raw[:, :8] = heads["hosts"][:, _STORE_HOST]
+        raw[:, 8:] = heads["physical_offset"].astype(">i8").view(np.uint8).reshape(len(self), 8)
+        digits = np.empty((len(self), 32), dtype=np.uint8)
+        digits[:, 0::2] = _HEX_DIGITS[raw >> 4]
+        digits[:, 1::2] = _HEX_DIGITS[raw & 15]
+        return string_array(digits.reshape(-1), np.arange(len(self) + 1, dtype=np.int64) * 32)
+
+    def body_column(self) -> pa.Array:
+        data, offsets = gather_ranges(self.flat, self.run.starts + self.layout.body_at, self.layout.body_length)
+        return string_array(data, offsets, arrow_type=pa.binary())
+
+    def body_crc_column(self) -> pa.Array:
+        return self._int32(self.run.heads["body_crc"])
+
+    def reconsume_times_column(self) -> pa.Array:
+        return self._int32(as_values(self.run.heads["hosts"][:, _RECONSUME_TIMES], ">i4"))
+
+    def sysflag_column(self) -> pa.Array:
+        return self._int32(self.run.heads["sysflag"])
+
+
+_BUILDERS: dict[str, Callable[[RunColumns], pa.Array]] = {
+    name: getattr(RunColumns, f"{name}_column") for name in ARROW_SCHEMA.names
+}

@@ -1,0 +1,90 @@
+"""One event loop and one provider per Python worker thread, kept from one partition to the next.
+
+Spark reuses a Python worker for the tasks that follow, and building a provider's S3 clients costs tens
+of milliseconds of CPU (the async client and the sync one used for reads), more than decoding a few
+thousand rows. So the loop and the provider outlive a partition: they serve the next partition with the
+same cold URL and provider options. Other options replace them; a partition that fails drops them, so
+the next one starts afresh; what is still open is closed when the process exits. A session still in use
+(a partition's batches not all read yet) is closed only when its last partition is done with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tieredstore.providers.base import Provider
+from tieredstore.providers.registry import open_provider
+from tieredstore.spark.options import ScanOptions
+
+
+class ReadSession:
+    """An event loop and a provider opened on it, with how many partitions are reading through them."""
+
+    def __init__(self, key: str, options: ScanOptions) -> None:
+        self.key = key
+        self.runner = asyncio.Runner()
+        self.provider: Provider = open_provider(options.cold_url, **options.provider_options)
+        self.users = 0
+        self.retired = False
+        self.closed = False
+
+    def retire(self) -> None:
+        """No new partition takes this session; it closes once no partition uses it."""
+        self.retired = True
+        if not self.users:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _open_sessions.discard(self)
+        try:
+            self.runner.run(self.provider.close())
+        finally:
+            self.runner.close()
+
+
+_local = threading.local()
+_open_sessions: set[ReadSession] = set()
+
+
+def _key(options: ScanOptions) -> str:
+    return repr((options.cold_url, sorted(options.provider_options.items())))
+
+
+@contextmanager
+def read_session(options: ScanOptions) -> Iterator[ReadSession]:
+    """The session of this thread for ``options``: the one already open when its options are the same."""
+    key = _key(options)
+    current: ReadSession | None = getattr(_local, "session", None)
+    if current is not None and current.key == key:
+        session = current
+    else:
+        if current is not None:
+            current.retire()
+        session = _local.session = ReadSession(key, options)
+        _open_sessions.add(session)
+    session.users += 1
+    try:
+        yield session
+    except Exception:
+        # A failed partition may have left the provider mid-request: the next partition opens a new one.
+        if getattr(_local, "session", None) is session:
+            _local.session = None
+        session.retired = True
+        raise
+    finally:
+        session.users -= 1
+        if session.retired and not session.users:
+            session.close()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    for session in list(_open_sessions):
+        session.close()
