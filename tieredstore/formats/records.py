@@ -207,9 +207,9 @@ def _head_problems(run: RecordRun, expected: Expected) -> BoolArray:
     return bad
 
 
-def _layout_problems(run: RecordRun, expected: Expected, bad: BoolArray) -> Layout:
+def _layout_problems(run: RecordRun, expected: Expected, bad: BoolArray, layout: Layout | None = None) -> Layout:
     """Marks in ``bad`` the records whose length fields, topic, body length or terminator fail; their layout."""
-    layout = Layout.of(run)
+    layout = Layout.of(run) if layout is None else layout
     bad |= ~layout.sound
     topic = expected.topic
     flat = np.frombuffer(run.data, dtype=np.uint8)
@@ -264,15 +264,16 @@ def problem_indexes(run: RecordRun, expected: Expected) -> Int64Array:
     return np.flatnonzero(problems(run, expected))
 
 
-def first_problem(run: RecordRun, expected: Expected) -> int | None:
+def first_problem(run: RecordRun, expected: Expected, *, layout: Layout | None = None) -> int | None:
     """The index of the first record of ``run`` that is not what ``expected`` says, or None.
 
     The per-record checks (tags, body CRC) are made only for the records before the first bad fixed
-    field, as a reader that stops at the first bad record never serves the rest.
+    field, as a reader that stops at the first bad record never serves the rest. A caller that already
+    holds the run's ``layout`` (to decode it) passes it in.
     """
     bad = _head_problems(run, expected)
     if not expected.head_only:
-        layout = _layout_problems(run, expected, bad)
+        layout = _layout_problems(run, expected, bad, layout)
         first = _first(bad)
         checked = np.arange(len(bad) if first is None else first, dtype=np.int64)
         if expected.tag_hashes is not None:

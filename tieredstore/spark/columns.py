@@ -10,8 +10,8 @@ the same message as ever.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tieredstore.formats.arrays import as_values
-from tieredstore.formats.checksum import BODY_CRC_MASK, crc32
 from tieredstore.formats.message import (
     MAGIC_V1,
     PROPERTY_TAGS,
@@ -28,7 +27,7 @@ from tieredstore.formats.message import (
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
 )
-from tieredstore.formats.records import Layout, gather_heads
+from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem
 from tieredstore.spark.buffers import ByteArray, Int64Array, gather_ranges, repeated_string, string_array
 from tieredstore.spark.properties import Pairs, parse_properties, split_keys, split_pairs
 from tieredstore.spark.schema import ARROW_SCHEMA
@@ -45,54 +44,24 @@ _SHORTEST_COMMON = 88 + 3
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordSlice:
-    """Records back to back in ``data`` (a ``RecordRun`` of the batch record engine)."""
-
-    data: bytes | bytearray
-    starts: Int64Array
-    sizes: Int64Array
-    heads: np.ndarray
-
-    @classmethod
-    def of(cls, data: bytes | bytearray, starts: Int64Array, sizes: Int64Array) -> RecordSlice:
-        return cls(data, starts, sizes, gather_heads(data, starts))
-
-    def take(self, rows: Int64Array) -> RecordSlice:
-        return RecordSlice(self.data, self.starts[rows], self.sizes[rows], self.heads[rows])
+# A run of records as the engine sees it; Spark's rows of it are ``_rows_of``'s.
+RecordSlice = PackedRun
 
 
-@dataclass(frozen=True, slots=True)
-class Expected:
-    """What the consume queue promised of each record of a run."""
-
-    topic: str
-    queue_id: int
-    queue_offsets: Int64Array
-
-
-def checked_prefix(run: RecordSlice, layout: Layout, expected: Expected) -> int:
-    """How many leading records of ``run`` are in the common layout and pass every check."""
+def checked_prefix(run: RecordSlice, layout: Layout, topic: str, queue_id: int, queue_offsets: Int64Array) -> int:
+    """How many leading records of ``run`` are in the common layout (the others take the row decoder) and are
+    what the consume queue promised: the batch record engine's check with Spark's rule."""
     heads = run.heads
-    flat = np.frombuffer(run.data, dtype=np.uint8)
-    good = (heads["magic"] == MAGIC_V1) & ((heads["sysflag"] & _IPV6_BITS) == 0) & (run.sizes >= _SHORTEST_COMMON)
-    good &= layout.sound
-    good &= heads["queue_id"] == expected.queue_id
-    good &= heads["queue_offset"] == expected.queue_offsets
-    topic = np.frombuffer(expected.topic.encode(), dtype=np.uint8)
-    good &= layout.topic_length == len(topic)
-    if len(topic):
-        places = (run.starts + layout.topic_at)[:, None] + np.arange(len(topic), dtype=np.int64)
-        good &= (flat[np.clip(places, 0, max(len(flat) - 1, 0))] == topic).all(axis=1)
-    body_starts = run.starts + layout.body_at
-    # An unsound length may point anywhere; the slice is clamped and the record already marked bad.
-    body_ends = np.maximum(body_starts + layout.body_length, body_starts)
-    view = memoryview(run.data)
-    bodies = map(view.__getitem__, map(slice, body_starts.tolist(), body_ends.tolist()))
-    computed = np.fromiter(map(crc32, bodies), dtype=np.int64, count=len(body_starts))
-    good &= (computed & BODY_CRC_MASK) == heads["body_crc"]
-    bad = np.flatnonzero(~good)
-    return int(bad[0]) if len(bad) else len(good)
+    common = (heads["magic"] == MAGIC_V1) & ((heads["sysflag"] & _IPV6_BITS) == 0) & (run.sizes >= _SHORTEST_COMMON)
+    taken = len(common) if bool(common.all()) else int(np.argmin(common))
+    rule = Expected(topic=_topic_bytes(topic), queue_id=queue_id, queue_offsets=queue_offsets)
+    bad = first_problem(run, rule, layout=layout)
+    return taken if bad is None else min(bad, taken)
+
+
+@functools.lru_cache(maxsize=256)
+def _topic_bytes(topic: str) -> bytes:
+    return topic.encode("utf-8")
 
 
 def store_timestamps(run: RecordSlice) -> Int64Array:

@@ -41,7 +41,7 @@ from tieredstore.formats.message import (
 )
 from tieredstore.formats.records import Int64Array, Layout
 from tieredstore.providers.base import Provider
-from tieredstore.spark.columns import Expected, RecordSlice, RunColumns, checked_prefix, store_timestamps
+from tieredstore.spark.columns import RecordSlice, RunColumns, checked_prefix, store_timestamps
 from tieredstore.spark.layout import ArchiveView
 from tieredstore.spark.options import OnCorrupt, ScanOptions
 from tieredstore.spark.planning import PartitionPlan
@@ -311,10 +311,10 @@ class PartitionScanner:
         starts, sizes = self._complete_records(min(limit, self._run_limit))
         if not len(starts):
             return None
-        run = RecordSlice.of(self._buffer, starts, sizes)
+        run = RecordSlice.at(self._buffer, starts, sizes)
         layout = Layout.of(run)
         offsets = self.view.held_offsets(self._queue_offset, len(starts) + 1, past_the_end=self.plan.queue_end)
-        taken = checked_prefix(run, layout, Expected(self.plan.topic, self.plan.queue_id, offsets[:-1]))
+        taken = checked_prefix(run, layout, self.plan.topic, self.plan.queue_id, offsets[:-1])
         # Runs grow while every record takes this path and start small again after one that did not, so
         # records of other layouts mixed in often cost no second look at long runs.
         self._run_limit = self._run_limit * 2 if taken == len(starts) else _RUN_AFTER_ANOTHER_LAYOUT
@@ -460,7 +460,7 @@ class PartitionScanner:
 def _rows_of(run: RecordSlice, layout: Layout, rows: npt.NDArray[np.int64]) -> tuple[RecordSlice, Layout]:
     """Some records of a run, and their layout."""
     fields = {field.name: getattr(layout, field.name)[rows] for field in dataclasses.fields(Layout)}
-    return run.take(rows), Layout(**fields)
+    return RecordSlice(run.data, run.starts[rows], run.sizes[rows], run.heads[rows]), Layout(**fields)
 
 
 def read_partition(
