@@ -27,7 +27,7 @@ def restore_counting(posix: Node, monkeypatch: pytest.MonkeyPatch, request: Rest
     counted = {"read": 0, "written": 0, "most": 0}
 
     def counting(read: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """``read`` (a batch reader of the restore), counting the record bytes of each batch it returns."""
+        """``read`` (what makes each batch of the restore), counting the record bytes of each batch it returns."""
 
         async def counted_read(*args: Any) -> Any:
             batch = await read(*args)
@@ -44,8 +44,7 @@ def restore_counting(posix: Node, monkeypatch: pytest.MonkeyPatch, request: Rest
             super().write(topic, queue_id, batch)
             counted["written"] += len(batch.data)
 
-    for name in ("_read_batch", "_read_following"):
-        monkeypatch.setattr(restore_reading, name, counting(getattr(restore_reading, name)))
+    monkeypatch.setattr(restore_reading, "_batch_of", counting(restore_reading._batch_of))
 
     async def go() -> int:
         async with open_read_node(config) as node:

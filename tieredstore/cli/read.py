@@ -21,6 +21,7 @@ import typer
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.cli.common import checked_queue_id, checked_topic, parse_time, run
 from tieredstore.errors import NotFoundError, ValidationError
+from tieredstore.flat.cold_reader import ColdQueueReader
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.index.service import newest_first
@@ -158,9 +159,11 @@ def tail(
     checked_queue_id(queue_id)
     chosen = _resolve_format(cli, fmt)
 
+    cold_readers: list[ColdQueueReader | None] = [None]  # kept across polls: each follows the one before
+
     async def print_from(position: int | None) -> int:
         async with open_read_node(cli.config, hot=tier != "cold") as node:
-            reader = await QueueReader.open(node, topic, queue_id, tier)
+            reader = await QueueReader.open(node, topic, queue_id, tier, cold_reader=cold_readers[0])
             low, high = reader.bounds(tier)
             if position is None:
                 position = max(low, high - count)
@@ -170,6 +173,7 @@ def tail(
                     break
                 print_messages(cli, batch.messages, chosen)
                 position = batch.next_offset
+            cold_readers[0] = reader.cold_reader
             return position
 
     position = run(print_from(None))

@@ -11,11 +11,14 @@ queue's oldest record, read from the commit log's start, where that record almos
 window (a reader's first, or one after a jump) reads its consume-queue units first, then the commit log
 they point at; so does a following window whose records do not check out (offsets lost in between,
 damage), so that the consume queue has the last word. Every record is checked once, when its window is
-read (``served.check_window``). A read never crosses offsets recorded as lost (``run_end``);
-``windows`` reports them as a ``LostRange`` between the windows around them.
+read (``served.check_window``; for a reader that checks records itself, only located: ``located_window``).
+A read never crosses offsets recorded as lost (``run_end``); ``windows`` reports them as a ``LostRange``
+between the windows around them.
 
 Callers: the fetcher reads through ``window`` (with its cache and a ``PrefetchPool``); a batch reader
 (restore, the CLI's ``read``/``tail``, a Spark partition) through ``read`` or ``windows``, without either.
+A batch reader that bounds its memory passes a ``ReadBudget``: each commit-log read waits until its bytes
+fit in it, and holds them there until the caller gives them back.
 
 **Prefetching.** Given a ``PrefetchPool`` (one per reading process: one byte budget over its queues),
 the windows after one read for a reader going through the queue are read in the background,
@@ -40,7 +43,9 @@ import numpy as np
 import structlog
 
 from tieredstore.errors import NotFoundError, SegmentNotFoundError
+from tieredstore.flat.located_window import located_window
 from tieredstore.flat.message_file import FlatMessageFile
+from tieredstore.flat.read_budget import UNBOUNDED, ReadBudget
 from tieredstore.flat.served import ReadAheadBatch, check_window, parse_units
 from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -105,6 +110,8 @@ class ColdReadOptions:
     window_bytes: int  # bytes a window holds at most (never below one record)
     ttl: float = 15.0  # windows read ahead that nobody came for within this many seconds are dropped
     handoff: float = 0.0  # seconds a reader waits after starting a prefetch, for its read to be sent
+    # False for a reader that checks every record in full itself: records are only located (``located_window``)
+    check_records: bool = True
 
 
 class WindowCache(Protocol):
@@ -264,22 +271,29 @@ class ColdQueueReader:
 
     # ---- windows --------------------------------------------------------------------------------------
 
-    async def read(self, offset: int, count: int | None = None) -> ReadAheadBatch | None:
+    async def read(
+        self, offset: int, count: int | None = None, *, budget: ReadBudget = UNBOUNDED
+    ) -> ReadAheadBatch | None:
         """Up to ``count`` (``window_count``) checked records from ``offset``, not past its archived run:
-        one window, read now; None if there is none (``offset`` lost or past the end)."""
+        one window, read now; None if there is none (``offset`` lost or past the end).
+
+        The window's commit-log bytes are held in ``budget`` (acquired before they are read) until the
+        caller releases them; a read that yields no window gives back what it took.
+        """
         count = min(self.options.window_count if count is None else count, self.run_end(offset) - offset)
         if count <= 0:
             return None
-        return await self._read_records(self.flat_file, offset, count)
+        return await self._read_records(self.flat_file, offset, count, budget=budget)
 
     async def windows(
-        self, start: int, end: int, count: int | None = None
+        self, start: int, end: int, count: int | None = None, *, budget: ReadBudget = UNBOUNDED
     ) -> AsyncIterator[ReadAheadBatch | LostRange]:
         """The windows of up to ``count`` (``window_count``) records from ``start`` to ``end`` (or the archived
         offset) in order, with a ``LostRange`` where offsets were recorded as lost instead of archived.
 
         Its window is a caller's to keep: the reader holds on only to where the next record lies, so a
-        caller going on from a window's end reads on without a consume-queue read.
+        caller going on from a window's end reads on without a consume-queue read. Each window's bytes are
+        held in ``budget`` as ``read`` says; the next window is read only when the caller asks for it.
         """
         low = self.flat_file.min_offset
         if start < low:
@@ -291,7 +305,8 @@ class ColdQueueReader:
                 yield LostRange(offset, min(archived, end))
                 offset = min(archived, end)
                 continue
-            window = await self.read(offset, min(self.options.window_count if count is None else count, end - offset))
+            wanted = min(self.options.window_count if count is None else count, end - offset)
+            window = await self.read(offset, wanted, budget=budget)
             if window is None:
                 return
             yield window
@@ -369,6 +384,7 @@ class ColdQueueReader:
         *,
         follow: FollowPoint | None = None,
         on_split: OnSplit | None = None,
+        budget: ReadBudget = UNBOUNDED,
     ) -> ReadAheadBatch | None:
         """Up to ``count`` checked records from ``offset``, trimmed from the end to ``window_bytes`` (never
         below one): following the last window (or ``follow``), or from the commit log's start at the
@@ -384,6 +400,7 @@ class ColdQueueReader:
             guess = flat_file.first_record_guess()
             follow = None if guess is None else FollowPoint(offset, guess[0], guess[1])
         window_bytes = self.options.window_bytes
+        check = check_window if self.options.check_records else located_window
 
         async def split_done(after: FollowPoint, size: int) -> None:
             if on_split is not None and on_split(after, size):
@@ -391,12 +408,16 @@ class ColdQueueReader:
 
         batch = None
         if follow is not None and follow.offset == offset:
-            batch = await _read_following(flat_file, offset, count, follow, window_bytes, self.count_read, split_done)
+            batch = await _read_following(
+                flat_file, offset, count, follow, window_bytes, self.count_read, split_done, budget, check
+            )
             if batch is None and on_split is not None:
                 # Where the split put the next record did not check out: what it started reading goes too.
                 self.drop_ahead(offset)
         if batch is None:
-            batch = await _read_by_units(flat_file, offset, count, window_bytes, self.count_read, split_done)
+            batch = await _read_by_units(
+                flat_file, offset, count, window_bytes, self.count_read, split_done, budget, check
+            )
         if batch is not None and len(batch):
             self.follow = follow_after(batch)
         return batch
@@ -480,6 +501,8 @@ async def _read_following(
     window_bytes: int,
     count_read: CountRead,
     split_done: _SplitDone,
+    budget: ReadBudget,
+    check: Callable[..., ReadAheadBatch],  # check_window or located_window
 ) -> ReadAheadBatch | None:
     """The window from ``offset`` split out of the commit log from where the last window ended.
 
@@ -490,13 +513,18 @@ async def _read_following(
     # Records like the last window's fill the read exactly: an object store's read stops at the end of
     # the object anyway, and a larger read of a file would hold bytes the window does not use.
     wanted = min(window_bytes, max(MIN_RECORD_SIZE, math.ceil(follow.record_bytes * count)))
+    held = await budget.acquire(wanted)
     try:
         data = await flat_file.commit_log.read_from(follow.commitlog_offset, wanted)
-    except (NotFoundError, SegmentNotFoundError):
-        return None
+    except BaseException as error:
+        await budget.release(held)
+        if isinstance(error, NotFoundError | SegmentNotFoundError):
+            return None
+        raise
     count_read(FileType.COMMIT_LOG)
     bounds = np.asarray(split_back_to_back(data, count), dtype=np.int64)
     if len(bounds) < 2:
+        await budget.release(held)
         return None
     records, split_end = len(bounds) - 1, int(bounds[-1])
     after = FollowPoint(offset + records, follow.commitlog_offset + split_end, split_end / records)
@@ -505,10 +533,13 @@ async def _read_following(
     units["commitlog_offset"] = bounds[:-1] + follow.commitlog_offset
     units["size"] = np.diff(bounds)
     units["tag_hash"] = 0
-    batch = check_window(
+    batch = check(
         flat_file.topic, flat_file.queue_id, offset, data, follow.commitlog_offset, units, tag_hashes_known=False
     )
-    return None if batch.corrupt else batch
+    if batch.corrupt:
+        await budget.release(held)
+        return None
+    return batch
 
 
 async def _read_by_units(
@@ -518,6 +549,8 @@ async def _read_by_units(
     window_bytes: int,
     count_read: CountRead,
     split_done: _SplitDone,
+    budget: ReadBudget,
+    check: Callable[..., ReadAheadBatch],  # check_window or located_window
 ) -> ReadAheadBatch | None:
     """The window from ``offset`` as its consume-queue units say: one read of each file."""
     consume_queue = flat_file.consume_queue
@@ -539,16 +572,21 @@ async def _read_by_units(
     start = int(units["commitlog_offset"][0])
     ends = units["commitlog_offset"].astype(np.int64) + sizes - start
     length = int(ends.max())
-    data = await flat_file.commit_log.read_from(start, length)
-    if len(data) < length:
-        # The commit log's object ended first: keep the records it holds whole, else read exactly.
-        held = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
-        if held:
-            units, ends = units[:held], ends[:held]
-        else:
-            data = await flat_file.read_commit_log(start, length)
+    held = await budget.acquire(length)
+    try:
+        data = await flat_file.commit_log.read_from(start, length)
+        if len(data) < length:
+            # The commit log's object ended first: keep the records it holds whole, else read exactly.
+            cut = int(np.argmin(ends <= len(data)))  # the first record it cuts (the last one at least)
+            if cut:
+                units, ends = units[:cut], ends[:cut]
+            else:
+                data = await flat_file.read_commit_log(start, length)
+    except BaseException:
+        await budget.release(held)
+        raise
     count_read(FileType.COMMIT_LOG)
     records, split_end = len(units), int(ends[-1])
     after = FollowPoint(offset + records, start + split_end, split_end / records)
     await split_done(after, len(data))
-    return check_window(flat_file.topic, flat_file.queue_id, offset, data, start, units)
+    return check(flat_file.topic, flat_file.queue_id, offset, data, start, units)

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Iterable
 
 from tieredstore.errors import NotFoundError
+from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, LostRange
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import FileType
@@ -18,6 +19,9 @@ from tieredstore.metadata import MetadataStore, QueuePosition, SegmentRecord, Se
 from tieredstore.read.node import ReadNode
 
 LIVE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED)
+# Bytes one window of a read holds at most: a window also ends where the storage object holding it does,
+# so this bounds reads of a file system only.
+READ_WINDOW_BYTES = 64 << 20
 
 
 def segment_rows(
@@ -60,11 +64,19 @@ def lost_range_at(flat_file: FlatMessageFile, queue_offset: int) -> tuple[int, i
     return None
 
 
-async def read_archived(flat_file: FlatMessageFile, queue_offset: int, count: int) -> list[bytes]:
+def cold_reader(flat_file: FlatMessageFile, count: int) -> ColdQueueReader:
+    """A cold reader of ``flat_file`` for reads of up to ``count`` records a window."""
+    return ColdQueueReader(flat_file, ColdReadOptions(window_count=count, window_bytes=READ_WINDOW_BYTES))
+
+
+async def read_archived(
+    flat_file: FlatMessageFile, queue_offset: int, count: int, *, reader: ColdQueueReader | None = None
+) -> list[bytes]:
     """Up to ``count`` consecutive archived records from ``queue_offset`` (never past the archived offset).
 
     A read stops where offsets recorded as lost begin; one starting inside them is NotFoundError
-    (``lost_range_at`` says where the hole ends).
+    (``lost_range_at`` says where the hole ends). Read through ``reader`` (of ``flat_file``), a read
+    going on from where the last one ended follows the commit log without a consume-queue read.
     """
     low, high = archived_range(flat_file)
     if queue_offset < low:
@@ -80,4 +92,12 @@ async def read_archived(flat_file: FlatMessageFile, queue_offset: int, count: in
     count = min(count, high - queue_offset)
     if count <= 0:
         return []
-    return await flat_file.read_messages(queue_offset, count)
+    if reader is None:
+        reader = cold_reader(flat_file, count)
+    records: list[bytes] = []
+    # Windows end where the storage object holding them does: as many as ``count`` takes.
+    async for window in reader.windows(queue_offset, queue_offset + count, count):
+        if isinstance(window, LostRange):
+            break
+        records.extend(window.raw(offset) for offset in range(window.first_offset, window.end_offset))
+    return records

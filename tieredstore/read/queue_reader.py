@@ -9,10 +9,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieredstore.errors import NotFoundError, SegmentNotFoundError
+from tieredstore.flat.cold_reader import ColdQueueReader
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.message import MessageRecord
-from tieredstore.read.archived import archived_queue, archived_range, lost_range_at, read_archived, segment_rows
+from tieredstore.read.archived import (
+    archived_queue,
+    archived_range,
+    cold_reader,
+    lost_range_at,
+    read_archived,
+    segment_rows,
+)
 from tieredstore.read.node import ReadNode
 from tieredstore.read.records import Tier, decode_message
 
@@ -45,7 +53,12 @@ class ReadBatch:
 
 
 class QueueReader:
-    """Reads one queue from the hot store (read-only) and its archived files (as recorded)."""
+    """Reads one queue from the hot store (read-only) and its archived files (as recorded).
+
+    One cold reader serves every read of the queue, so a read going on from where the last one ended
+    follows the cold commit log instead of reading consume-queue units again; given to ``open``, the cold
+    reader of an earlier reader of the queue (a poll of ``tail`` before this one) goes on here.
+    """
 
     def __init__(self, node: ReadNode, topic: str, queue_id: int, cold: FlatMessageFile | None) -> None:
         self.node = node
@@ -55,9 +68,18 @@ class QueueReader:
         hot = node.hot
         self.hot_range = (hot.min_offset(topic, queue_id), hot.max_offset(topic, queue_id)) if hot else (0, 0)
         self.cold_range = archived_range(cold) if cold is not None else (0, 0)
+        self.cold_reader: ColdQueueReader | None = None
 
     @classmethod
-    async def open(cls, node: ReadNode, topic: str, queue_id: int, tier: TierChoice = "auto") -> QueueReader:
+    async def open(
+        cls,
+        node: ReadNode,
+        topic: str,
+        queue_id: int,
+        tier: TierChoice = "auto",
+        *,
+        cold_reader: ColdQueueReader | None = None,
+    ) -> QueueReader:
         cold: FlatMessageFile | None = None
         positions = await asyncio.to_thread(node.metadata.list_queues, topic)
         position = next((p for p in positions if p.queue_id == queue_id), None)
@@ -65,6 +87,9 @@ class QueueReader:
             rows = await asyncio.to_thread(segment_rows, node.metadata, node.flat.queue_path(topic, queue_id))
             cold = archived_queue(node.flat, position, rows)
         reader = cls(node, topic, queue_id, cold)
+        if cold_reader is not None and cold is not None:
+            cold_reader.flat_file = cold  # this view of the queue's files is newer than the one it read
+            reader.cold_reader = cold_reader
         if tier == "cold" and cold is None:
             raise NotFoundError(f"queue {topic}/{queue_id} has nothing archived (it is not in the metadata store)")
         if cold is None and reader.hot_range[1] == 0:
@@ -129,8 +154,10 @@ class QueueReader:
         """``read_archived``; where the archiver's retention removed a segment since the view was loaded, the
         view is loaded again, and an offset below its new min offset is NotFoundError naming that."""
         assert self.cold is not None
+        if self.cold_reader is None:
+            self.cold_reader = cold_reader(self.cold, count)
         try:
-            return await read_archived(self.cold, offset, count)
+            return await read_archived(self.cold, offset, count, reader=self.cold_reader)
         except SegmentNotFoundError:
             await self.cold.refresh()
             self.cold_range = archived_range(self.cold)

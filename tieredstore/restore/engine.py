@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from tieredstore.errors import NotFoundError
+from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.store import JoinedRecords
@@ -149,7 +149,7 @@ async def _restore_queue(
     The writes of all queues take turns in ``writer``'s one thread, so one batch is written at a time.
     """
     end = outcome.end if outcome.stopped_at is None else outcome.stopped_at
-    ahead: asyncio.Queue[Batch | Skip | None] = asyncio.Queue(maxsize=request.read_ahead)
+    ahead: asyncio.Queue[Batch | Skip | CorruptRecordError | None] = asyncio.Queue(maxsize=request.read_ahead)
     reader = asyncio.create_task(read_queue(flat_file, outcome.resumed_at, end, request, budget, ahead))
     try:
         while True:
@@ -163,6 +163,8 @@ async def _restore_queue(
                 item = taking.result()
             if item is None:
                 break
+            if isinstance(item, CorruptRecordError):
+                raise item
             if isinstance(item, Skip):
                 await asyncio.to_thread(sink.skip_to, outcome.topic, outcome.queue_id, item.offset)
                 continue

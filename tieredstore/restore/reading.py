@@ -1,24 +1,21 @@
 """Reading a queue's archive for a restore: its range, the check before resuming, and batches read ahead.
 
-Units are read only where a batch does not follow the one before; otherwise the records are split
-straight out of the commit log where the batch before ended. Kept in one module so restore can move
-onto a shared cold reader in one place.
+The batches are the cold reader's windows (``flat.cold_reader``): each one's bytes are held in the
+restore's byte budget from before they are read until they are written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import operator
 from dataclasses import dataclass
 
-import numpy as np
-
-from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
+from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
+from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, LostRange
 from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
-from tieredstore.formats.arrays import RECORD_HEAD_DTYPE, UNIT_DTYPE, gather
-from tieredstore.formats.consume_queue import UNIT_SIZE
-from tieredstore.formats.message import MIN_RECORD_SIZE, same_but_physical_offset, split_back_to_back
+from tieredstore.flat.served import ReadAheadBatch
+from tieredstore.formats.message import same_but_physical_offset
 from tieredstore.local.store import JoinedRecords
 from tieredstore.read.archived import archived_range
 from tieredstore.read.node import ReadNode
@@ -53,7 +50,6 @@ class Batch:
 
     records: JoinedRecords
     held: int
-    commitlog_end: int  # where the record after the last one lies in the cold commit log
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,116 +59,108 @@ class Skip:
     offset: int
 
 
-async def _read_units(flat_file: FlatMessageFile, offset: int, count: int) -> np.ndarray:
-    """Up to ``count`` archived units from ``offset`` (fewer where a hole, the end or the storage object
-    holding them comes first), one read."""
-    name = f"{flat_file.topic}/{flat_file.queue_id}"
-    consume_queue = flat_file.consume_queue
-    raw = await consume_queue.read_from(offset * UNIT_SIZE, count * UNIT_SIZE)
-    whole = len(raw) - len(raw) % UNIT_SIZE
-    if whole < len(raw):
-        # The object ends inside a unit (a commit split across objects): that unit is read on its own.
-        raw = raw[:whole] if whole else await consume_queue.read(offset * UNIT_SIZE, UNIT_SIZE)
-    if len(raw) % UNIT_SIZE:
-        raise CorruptRecordError(
-            f"cold consume queue of {name} returned {len(raw)} bytes, not whole units", offset=offset * UNIT_SIZE
-        )
-    if not raw:
-        raise NotFoundError(f"cold queue {name} has no unit at offset {offset}")
-    units = np.frombuffer(raw, dtype=UNIT_DTYPE)
-    broken = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] < 0))
-    if len(broken):
-        index = int(broken[0])
-        raise CorruptRecordError(
-            f"cold consume queue of {name} has a unit with negative offset {int(units['commitlog_offset'][index])} "
-            f"or size {int(units['size'][index])} at queue offset {offset + index}",
-            offset=(offset + index) * UNIT_SIZE,
-        )
-    return units
+class _WindowHold:
+    """The restore's budget as its cold reader uses it, counting the bytes the window being read holds."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def acquire(self, size: int) -> int:
+        taken = await self.budget.acquire(size)
+        self.held += taken
+        return taken
+
+    async def release(self, size: int) -> None:
+        self.held -= size
+        await self.budget.release(size)
+
+    def take(self) -> int:
+        """The bytes the window just read holds, now the caller's to give back."""
+        held, self.held = self.held, 0
+        return held
 
 
-async def _read_batch(
-    flat_file: FlatMessageFile, units: np.ndarray, offset: int, request: RestoreRequest, budget: ByteBudget
-) -> Batch:
-    """The records of ``units`` (from queue offset ``offset``) cut at ``batch_bytes`` (at least one record).
+async def _batch_of(window: ReadAheadBatch, held: int, budget: ByteBudget) -> Batch:
+    """A window's records as one buffer, holding no more of the budget than their bytes.
 
-    One commit-log read, once its bytes fit in the budget, to the end of the storage object holding them
-    at most (the records that object holds whole are the batch).
+    A window read following the one before may end in part of a record: the records alone are kept, so
+    the rest of its read is given back.
     """
-    positions = units["commitlog_offset"].astype(np.int64)
-    start = int(positions[0])
-    ends = positions + units["size"].astype(np.int64) - start
-    over = np.flatnonzero(ends > request.batch_bytes)
-    taken = max(1, int(over[0])) if len(over) else len(units)
-    positions, ends = positions[:taken] - start, ends[:taken]
-    length = int(ends.max())
-    held = await budget.acquire(length)
-    try:
-        raw = await flat_file.commit_log.read_from(start, length)
-        if len(raw) < length:
-            cut = int(np.argmin(ends <= len(raw)))  # the first record the read does not hold whole
-            if cut:
-                positions, ends = positions[:cut], ends[:cut]
-                if int(ends.max()) < len(raw):
-                    raw = raw[: int(ends.max())]
-            else:
-                raw = await flat_file.read_commit_log(start, length)
-    except BaseException:
-        await budget.release(held)
-        raise
-    short = np.flatnonzero((positions < 0) | (ends > len(raw)))
-    if len(short):
-        await budget.release(held)
-        raise NotFoundError(
-            f"cold commit log of {flat_file.topic}/{flat_file.queue_id} ends before the record at queue offset "
-            f"{offset + int(short[0])}"
-        )
-    sizes = ends - positions
-    if positions[0] != 0 or (positions[1:] != ends[:-1]).any() or len(raw) != ends[-1]:
+    data, starts, ends = window.data, window.starts, window.ends
+    sizes = list(map(operator.sub, ends, starts))
+    if starts[1:] != ends[:-1]:
         # Not back to back (never so in a commit log the archiver wrote): each record is cut out.
-        view = memoryview(raw)
-        raw = b"".join(view[begin:stop] for begin, stop in zip(positions.tolist(), ends.tolist(), strict=True))
-    return Batch(JoinedRecords(raw, sizes.tolist()), held, start + int(ends[-1]))
+        view = memoryview(data)
+        records = b"".join(view[start:end] for start, end in zip(starts, ends, strict=True))
+    elif starts[0] != 0 or ends[-1] != len(data):
+        records = data[starts[0] : ends[-1]]
+    else:
+        records = data
+    kept = min(held, len(records))
+    if kept < held:
+        await budget.release(held - kept)
+    return Batch(JoinedRecords(records, sizes), kept)
 
 
-async def _read_following(
+def _refusal(window: ReadAheadBatch) -> CorruptRecordError | None:
+    """The error of the window's first corrupt record, named by its queue offset as a sink's check names it."""
+    try:
+        window.raise_if_corrupt(window.first_offset, window.end_offset)
+    except CorruptRecordError as error:
+        where = f"{window.topic}/{window.queue_id} at queue offset {error.offset}"
+        refused = CorruptRecordError(error.reason, location=where)
+        refused.__cause__ = error
+        return refused
+    return None
+
+
+async def read_queue(
     flat_file: FlatMessageFile,
     offset: int,
-    count: int,
-    commitlog_offset: int,
-    record_bytes: float,
+    end: int,
     request: RestoreRequest,
     budget: ByteBudget,
-) -> Batch | None:
-    """Up to ``count`` records from ``offset``, split out of the commit log from ``commitlog_offset``,
-    where the batch before ended: one read, and no consume-queue read.
+    ahead: asyncio.Queue[Batch | Skip | CorruptRecordError | None],
+) -> None:
+    """Put the archived records of [offset, end) into ``ahead`` in queue-offset order: batches of at
+    most ``batch_messages`` / ``batch_bytes`` holding their bytes of ``budget``, a ``Skip`` past each
+    hole, then None; or, in place of the batch holding a corrupt record, its error, and nothing after.
 
-    A queue's cold commit log holds its records back to back in queue-offset order; each record split
-    out by its TOTALSIZE must carry this queue's id and the next queue offset. None when they do not (a
-    segment gone, damage): the consume queue then says where the records are.
+    The error goes through ``ahead`` so that the batches before it are written first.
     """
-    wanted = min(request.batch_bytes, max(MIN_RECORD_SIZE, math.ceil(record_bytes * count)))
-    held = await budget.acquire(wanted)
+    # The sinks check every record in full before they write it: the reader only locates them.
+    options = ColdReadOptions(request.batch_messages, request.batch_bytes, check_records=False)
+    reader = ColdQueueReader(flat_file, options)
+    hold = _WindowHold(budget)
     try:
-        raw = await flat_file.commit_log.read_from(commitlog_offset, wanted)
-    except (NotFoundError, SegmentNotFoundError):
-        raw = b""
-    except BaseException:
-        await budget.release(held)
-        raise
-    ends = np.asarray(split_back_to_back(raw, count), dtype=np.int64)
-    found = len(ends) - 1
-    if found:
-        heads = gather(np.frombuffer(raw, dtype=np.uint8), ends[:-1], RECORD_HEAD_DTYPE)
-        expected = np.arange(offset, offset + found, dtype=np.int64)
-        if (heads["queue_offset"] != expected).any() or (heads["queue_id"] != flat_file.queue_id).any():
-            found = 0
-    if not found:
-        await budget.release(held)
-        return None
-    if ends[-1] < len(raw):
-        raw = raw[: int(ends[-1])]
-    return Batch(JoinedRecords(raw, np.diff(ends).tolist()), held, commitlog_offset + int(ends[-1]))
+        async for item in reader.windows(offset, end, budget=hold):
+            if isinstance(item, LostRange):
+                # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).
+                await ahead.put(Skip(item.end))
+                offset = item.end
+                continue
+            offset = item.end_offset
+            held = hold.take()
+            refused = _refusal(item)
+            if refused is not None:
+                await budget.release(held)
+                await ahead.put(refused)
+                return
+            batch = await _batch_of(item, held, budget)
+            try:
+                await ahead.put(batch)
+            except BaseException:
+                await budget.release(batch.held)
+                raise
+    finally:
+        # A read cut short (an error, the restore cancelled) gives back what its window held.
+        if hold.held:
+            await budget.release(hold.take())
+    if offset < end:
+        # Archived, yet the cold files hold nothing there: the restore must not end as if it were done.
+        raise NotFoundError(f"cold queue {flat_file.topic}/{flat_file.queue_id} has no unit at offset {offset}")
+    await ahead.put(None)
 
 
 async def check_resume(flat_file: FlatMessageFile, sink: RestoreSink, queue_offset: int) -> None:
@@ -186,56 +174,16 @@ async def check_resume(flat_file: FlatMessageFile, sink: RestoreSink, queue_offs
     held = await asyncio.to_thread(sink.held_record, topic, queue_id, queue_offset)
     if held is None:
         return
+    reader = ColdQueueReader(flat_file, ColdReadOptions(window_count=1, window_bytes=len(held)))
     try:
-        archived = await flat_file.read_messages(queue_offset, 1)
+        archived = await reader.read(queue_offset, 1)
     except NotFoundError:
+        archived = None
+    if archived is None:
         return  # not archived (expired or lost): nothing to compare with
-    if archived and not same_but_physical_offset(held, archived[0]):
+    if not same_but_physical_offset(held, archived.raw(queue_offset)):
         raise ValidationError(
             f"{sink.description} holds a different message at {topic}/{queue_id} offset {queue_offset} than the "
             f"archive: it is not an earlier restore of it (producers wrote into it?); restore into an empty "
             f"directory instead"
         )
-
-
-async def read_queue(
-    flat_file: FlatMessageFile,
-    offset: int,
-    end: int,
-    request: RestoreRequest,
-    budget: ByteBudget,
-    ahead: asyncio.Queue[Batch | Skip | None],
-) -> None:
-    """Put the archived records of [offset, end) into ``ahead`` in queue-offset order: batches of at
-    most ``batch_messages`` / ``batch_bytes`` holding their bytes of ``budget``, a ``Skip`` past each
-    hole, then None.
-    """
-    # Units are read only where a batch does not follow the one before (the first, after a hole).
-    units, units_at = np.empty(0, dtype=UNIT_DTYPE), offset
-    # (queue offset, commit-log offset, mean record size): where the next batch probably starts; from
-    # the oldest record, most likely the commit log's start (a batch checks its records either way).
-    guess = flat_file.first_record_guess() if offset == flat_file.min_offset else None
-    follows = None if guess is None else (offset, guess[0], guess[1])
-    while offset < end:
-        if flat_file.next_archived_offset(offset) != offset:
-            # Never archived: the sink goes on after the hole (only a sink that holds gaps gets here).
-            offset = min(flat_file.next_archived_offset(offset), end)
-            await ahead.put(Skip(offset))
-            continue
-        count = min(request.batch_messages, end - offset, flat_file.archived_run_end(offset) - offset)
-        batch = None
-        if follows is not None and follows[0] == offset:
-            batch = await _read_following(flat_file, offset, count, follows[1], follows[2], request, budget)
-        if batch is None:
-            if not 0 <= offset - units_at < len(units):
-                units, units_at = await _read_units(flat_file, offset, count), offset
-            within = offset - units_at
-            batch = await _read_batch(flat_file, units[within : within + count], offset, request, budget)
-        try:
-            await ahead.put(batch)
-        except BaseException:
-            await budget.release(batch.held)
-            raise
-        offset += len(batch.records)
-        follows = (offset, batch.commitlog_end, len(batch.records.data) / len(batch.records))
-    await ahead.put(None)
