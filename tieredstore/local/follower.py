@@ -43,7 +43,7 @@ import structlog
 
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import MessageRecord, store_timestamp_of
+from tieredstore.formats.message import store_timestamp_of
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.batch import HotBatch
 from tieredstore.local.checkpoint import CheckpointSource, FlushedBound
@@ -65,10 +65,10 @@ from tieredstore.local.reading import (
     TIMESTAMP_PREFIX,
     Boundary,
     StoredMessage,
+    UnitReads,
     check_boundary,
     check_not_below,
     check_unit_record,
-    decode_unit_record,
     found_record,
     offset_msg_id,
     timestamp_offset,
@@ -84,7 +84,7 @@ DEFAULT_REFRESH_INTERVAL = 0.2
 GROW_RELEASE_BYTES = 8 << 20
 
 
-class HotStoreFollower:
+class HotStoreFollower(UnitReads):
     """Reads a hot store directory another process writes, and follows it; never writes.
 
     It implements ``HotReader``, the read interface every reader of the hot store (the archiver, the
@@ -298,14 +298,6 @@ class HotStoreFollower:
                 return HotBatch.empty(topic, queue_id, queue_offset)
             check_not_below(topic, queue_id, queue_offset, queue.min_offset)
             return read_checked_batch(self._log, queue, queue_offset, max_count, max_bytes, unmap=unmap)
-
-    def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
-        """As the writer's: the message at a checked queue offset, decoded with its body CRC checked."""
-        unit = self.cq_unit(topic, queue_id, queue_offset)
-        return decode_unit_record(self.read_record(unit), unit)
-
-    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        return self._store_timestamp_of(self.cq_unit(topic, queue_id, queue_offset))
 
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         with self._lock:

@@ -37,6 +37,28 @@ class StoredMessage(NamedTuple):
     unit: ConsumeQueueUnit
 
 
+class UnitReads:
+    """The reads a hot store answers from a queue's unit and its record, the same for the writer and a follower:
+    each reader supplies ``cq_unit``, ``read_record`` and ``_store_timestamp_of`` its own way."""
+
+    def cq_unit(self, topic: str, queue_id: int, queue_offset: int) -> ConsumeQueueUnit:
+        raise NotImplementedError
+
+    def read_record(self, unit: ConsumeQueueUnit) -> bytes:
+        raise NotImplementedError
+
+    def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
+        raise NotImplementedError
+
+    def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
+        """The decoded message at a checked ``queue_offset`` (body CRC checked)."""
+        unit = self.cq_unit(topic, queue_id, queue_offset)
+        return decode_unit_record(self.read_record(unit), unit)
+
+    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        return self._store_timestamp_of(self.cq_unit(topic, queue_id, queue_offset))
+
+
 def check_unit_record(raw: bytes, unit: ConsumeQueueUnit) -> bytes:
     """``raw`` if it is a whole record of the unit's size (size and magic agree); CorruptRecordError otherwise."""
     size, magic = RECORD_HEAD.unpack_from(raw) if len(raw) >= RECORD_HEAD.size else (0, 0)

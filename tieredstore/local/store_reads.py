@@ -6,7 +6,7 @@ import structlog
 
 from tieredstore.errors import NotFoundError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
-from tieredstore.formats.message import MessageRecord, store_timestamp_of
+from tieredstore.formats.message import store_timestamp_of
 from tieredstore.formats.naming import validate_topic
 from tieredstore.local.batch import HotBatch, parse_units, read_written
 from tieredstore.local.index_file import KeyedRecord, find_records, whole_record
@@ -14,9 +14,9 @@ from tieredstore.local.reading import (
     TIMESTAMP_PREFIX,
     Boundary,
     StoredMessage,
+    UnitReads,
     check_boundary,
     check_unit_record,
-    decode_unit_record,
     found_record,
     offset_msg_id,
     timestamp_offset,
@@ -26,7 +26,7 @@ from tieredstore.local.store_state import StoreState
 log = structlog.get_logger(__name__)
 
 
-class StoreReads(StoreState):
+class StoreReads(UnitReads, StoreState):
     """Reads of the store this process opened; every one is also part of ``HotReader``."""
 
     def queues(self) -> list[tuple[str, int]]:
@@ -152,14 +152,6 @@ class StoreReads(StoreState):
             )
         units = parse_units(queue.unit_bytes(queue_offset, max_count), max_bytes)
         return read_written(self._commit_log, topic, queue_id, queue_offset, units, unmap=unmap)
-
-    def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord:
-        """The decoded message at ``queue_offset`` (body CRC checked)."""
-        unit = self.cq_unit(topic, queue_id, queue_offset)
-        return decode_unit_record(self.read_record(unit), unit)
-
-    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        return self._store_timestamp_of(self.cq_unit(topic, queue_id, queue_offset))
 
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         head = self._commit_log.read(unit.commitlog_offset, min(unit.size, TIMESTAMP_PREFIX))
