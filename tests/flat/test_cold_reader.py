@@ -9,8 +9,7 @@ import pytest
 from tieredstore.errors import NotFoundError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
 from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, FollowPoint, LostRange
-from tieredstore.flat.located_window import located_window
-from tieredstore.flat.served import check_window
+from tieredstore.flat.served import check_window, located_window
 from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import same_but_physical_offset

@@ -11,7 +11,7 @@ queue's oldest record, read from the commit log's start, where that record almos
 window (a reader's first, or one after a jump) reads its consume-queue units first, then the commit log
 they point at; so does a following window whose records do not check out (offsets lost in between,
 damage), so that the consume queue has the last word. Every record is checked once, when its window is
-read (``served.check_window``; for a reader that checks records itself, only located: ``located_window``).
+read (``served.check_window``; for a reader that checks records itself, only located: ``served.located_window``).
 A read never crosses offsets recorded as lost (``run_end``); ``windows`` reports them as a ``LostRange``
 between the windows around them.
 
@@ -43,10 +43,9 @@ import numpy as np
 import structlog
 
 from tieredstore.errors import NotFoundError, SegmentNotFoundError
-from tieredstore.flat.located_window import located_window
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.read_budget import UNBOUNDED, ReadBudget
-from tieredstore.flat.served import ReadAheadBatch, check_window, parse_units
+from tieredstore.flat.served import ReadAheadBatch, check_window, located_window, parse_units
 from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE, split_back_to_back

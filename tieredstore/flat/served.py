@@ -95,13 +95,16 @@ def check_window(
     units: np.ndarray,
     *,
     tag_hashes_known: bool = True,
+    bodies: bool = True,
 ) -> ReadAheadBatch:
     """Split a commit-log read by its consume-queue units and check every record once (see ``verify_served``).
 
     The batch record engine flags each record that fails ``verify_served``'s rule;
     ``verify_served`` then judges each flagged record, so the errors (and which records are corrupt) are
     exactly what checking record by record gives. Units made from the records themselves carry no tag
-    hash (``tag_hashes_known=False``).
+    hash (``tag_hashes_known=False``). Without ``bodies`` only each record's place and head are checked
+    (whole, its TOTALSIZE, queue id and queue offset): for a reader that checks every record in full itself
+    (a restore's sinks), which would otherwise pay for the bodies twice.
     """
     begins = units["commitlog_offset"].astype(np.int64) - commitlog_start
     ends = begins + units["size"].astype(np.int64)
@@ -109,7 +112,8 @@ def check_window(
     batch = ReadAheadBatch(
         topic, queue_id, first_offset, data, begins.tolist(), ends.tolist(), tag_hashes, commitlog_start
     )
-    for index in _suspect_records(topic_bytes(topic), queue_id, first_offset, data, begins, ends - begins).tolist():
+    suspects = _suspect_records(topic_bytes(topic), queue_id, first_offset, data, begins, ends - begins, bodies)
+    for index in suspects.tolist():
         queue_offset = first_offset + index
         raw = data[batch.starts[index] : batch.ends[index]]
         try:
@@ -119,11 +123,37 @@ def check_window(
     return batch
 
 
+def located_window(
+    topic: str,
+    queue_id: int,
+    first_offset: int,
+    data: bytes,
+    commitlog_start: int,
+    units: np.ndarray,
+    *,
+    tag_hashes_known: bool = True,
+) -> ReadAheadBatch:
+    """``check_window`` without the bodies (``bodies=False``), for readers that check every record themselves."""
+    return check_window(
+        topic, queue_id, first_offset, data, commitlog_start, units, tag_hashes_known=tag_hashes_known, bodies=False
+    )
+
+
 def _suspect_records(
-    topic_raw: bytes, queue_id: int, first_offset: int, data: bytes, begins: np.ndarray, sizes: np.ndarray
+    topic_raw: bytes,
+    queue_id: int,
+    first_offset: int,
+    data: bytes,
+    begins: np.ndarray,
+    sizes: np.ndarray,
+    bodies: bool = True,
 ) -> np.ndarray:
-    """Indexes of the records ``verify_served`` refuses: the batch record engine with the served rule."""
-    rule = Expected(topic=topic_raw, queue_id=queue_id, queue_offsets=first_offset)
+    """Indexes of the records ``verify_served`` refuses: the batch record engine with the served rule (or, without
+    ``bodies``, the part of it a record's place and head decide)."""
+    if bodies:
+        rule = Expected(topic=topic_raw, queue_id=queue_id, queue_offsets=first_offset)
+    else:
+        rule = Expected(queue_id=queue_id, queue_offsets=first_offset, check_crc=False, head_only=True)
     return problem_indexes(PackedRun.at(data, begins, sizes), rule)
 
 
