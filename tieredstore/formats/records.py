@@ -417,6 +417,34 @@ def explain(raw: bytes | memoryview, expected: Expected, index: int = 0, *, size
     return findings
 
 
+def accepts(raw: bytes | memoryview, expected: Expected, *, size: int | None = None) -> bool:
+    """Whether ``explain`` finds nothing wrong with ``raw``, answered without building findings where the rule is
+    the common one (size, layout, body CRC, queue id, one queue offset, topic): the path of a reader that serves
+    records one at a time, which must cost no more than the per-record decoder's own walk."""
+    if (
+        expected.head_only
+        or expected.terminated
+        or expected.physical_offsets is not None
+        or expected.tag_hashes is not None
+        or expected.max_body_length is not None
+        or not isinstance(expected.queue_offsets, int | None)
+    ):
+        return not explain(raw, expected, size=size)
+    want = len(raw) if size is None else size
+    if len(raw) != want or want < MIN_RECORD_SIZE:
+        return False
+    try:
+        fields = verify_record(raw, check_crc=expected.check_crc)
+    except CorruptRecordError:
+        return False
+    return (
+        fields.total == want
+        and (expected.queue_id is None or fields.queue_id == expected.queue_id)
+        and (expected.queue_offsets is None or fields.queue_offset == expected.queue_offsets)
+        and (expected.topic is None or raw[fields.topic_at : fields.topic_at + fields.topic_len] == expected.topic)
+    )
+
+
 def _decoder_reason(raw: bytes | memoryview) -> str:
     """The per-record decoder's reason for refusing ``raw`` (which it refuses)."""
     try:
