@@ -123,20 +123,8 @@ def check_window(
     return batch
 
 
-def located_window(
-    topic: str,
-    queue_id: int,
-    first_offset: int,
-    data: bytes,
-    commitlog_start: int,
-    units: np.ndarray,
-    *,
-    tag_hashes_known: bool = True,
-) -> ReadAheadBatch:
-    """``check_window`` without the bodies (``bodies=False``), for readers that check every record themselves."""
-    return check_window(
-        topic, queue_id, first_offset, data, commitlog_start, units, tag_hashes_known=tag_hashes_known, bodies=False
-    )
+# ``check_window`` without the bodies, for readers that check every record in full themselves.
+located_window = functools.partial(check_window, bodies=False)
 
 
 def _suspect_records(
