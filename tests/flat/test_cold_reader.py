@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tieredstore.errors import NotFoundError
+from tieredstore.errors import NotFoundError, ReadOnlyError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
 from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, FollowPoint, LostRange
+from tieredstore.flat.listed_view import NO_METADATA, listed_message_file
+from tieredstore.flat.listing import listed_segments
 from tieredstore.flat.served import check_window, located_window
 from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -179,3 +181,38 @@ def test_a_located_window_leaves_bodies_to_its_reader_but_refuses_a_record_of_an
     # the same records taken for offsets 11.. are not where the window says: each one is refused
     shifted = located_window(TOPIC, 0, 11, data, 0, units)
     assert sorted(shifted.corrupt) == [11, 12, 13, 14] and "queue offset" in str(shifted.corrupt[12])
+
+
+async def test_a_listed_queue_reads_every_archived_record_and_its_lost_offsets(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    """A queue built from listed segments, with no metadata store, reads through the one cold reader."""
+    queue, hot = await _queue_with_hole(memory_provider, metadata)
+    commit_log = await listed_segments(memory_provider, queue.path, FileType.COMMIT_LOG)
+    consume_queue = await listed_segments(memory_provider, queue.path, FileType.CONSUME_QUEUE)
+    spans = [[_Span(s.base_offset, s.size) for s in segments] for segments in (commit_log, consume_queue)]
+    listed = listed_message_file(memory_provider, TOPIC, 0, queue.path, (0, 30), spans[0], spans[1])
+    assert listed.read_only and (listed.min_offset, listed.archived_offset) == (0, 30)
+    assert listed.lost_ranges == queue.lost_ranges
+    reader = ColdQueueReader(listed, ColdReadOptions(window_count=100, window_bytes=1 << 20, check_records=False))
+    read: dict[int, bytes] = {}
+    lost = []
+    async for window in reader.windows(0, 30):
+        if isinstance(window, LostRange):
+            lost.append((window.start, window.end))
+            continue
+        read |= {at: window.raw(at) for at in range(window.first_offset, window.end_offset)}
+    assert lost == [(12, 20)]
+    assert read.keys() == hot.keys()
+    assert all(same_but_physical_offset(read[at], hot[at]) for at in hot)
+    with pytest.raises(ReadOnlyError):
+        NO_METADATA.get_topic(TOPIC)
+
+
+class _Span:
+    """A listed segment with no store-time range, as a listing finds it."""
+
+    def __init__(self, base_offset: int, size: int) -> None:
+        self.base_offset, self.size = base_offset, size
+        self.begin_timestamp: int | None = None
+        self.end_timestamp: int | None = None

@@ -1,8 +1,8 @@
 """Where a queue's archive lives, found from metadata or by listing, and a read-only view over it.
 
 The Spark source must never change the archive it reads: ``FlatMessageFile.recover`` corrects sizes
-and removes orphan bytes, which is the archiver's job. ``ArchiveView`` therefore builds plain
-provider segment handles from the sizes it was given and only reads through them.
+and removes orphan bytes, which is the archiver's job. ``ArchiveView`` therefore loads the queue as a
+read-only flat file at the sizes it was given (``tieredstore.flat.listed_view``) and only reads through it.
 
 A consume queue may have holes: offsets the hot store lost before they were archived, recorded as a
 gap between two consume-queue segments while the commit log carries on unbroken. The view takes the
@@ -17,18 +17,14 @@ import bisect
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
-import numpy as np
-import numpy.typing as npt
-
-from tieredstore.errors import CorruptRecordError, NotFoundError, ReadOnlyError
-from tieredstore.flat.consume_queue import FlatConsumeQueueFile
+from tieredstore.errors import CorruptRecordError, NotFoundError
+from tieredstore.flat.listed_view import listed_message_file
 from tieredstore.flat.listing import listed_segments
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import INDEX_TOPIC, FileType, cluster_folder, queue_path
-from tieredstore.metadata import MetadataStore, SegmentFileType, SegmentRecord, SegmentStatus
+from tieredstore.metadata import MetadataStore, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import FileSegment, Provider
 
 RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # every fixed header field up to STORETIMESTAMP, IPv6 hosts included
@@ -79,20 +75,25 @@ class ArchiveView:
     def __init__(self, provider: Provider, layout: QueueLayout) -> None:
         self.provider = provider
         self.layout = layout
-        self._commit_log = [self._segment(FileType.COMMIT_LOG, span) for span in layout.commit_log]
-        # The consume queue as the flat layer sees it, loaded read-only at the given sizes: its held runs
-        # (holes left out) are the flat file's own.
-        self.consume_queue = FlatConsumeQueueFile(provider, _NO_METADATA, layout.path)
-        self.consume_queue.load([_segment_record(layout.path, span) for span in layout.consume_queue])
+        # The queue as the flat layer sees it, loaded read-only at the given sizes: its held runs (holes left
+        # out) are the flat file's own, and a partition reads it through the one cold reader.
+        self.flat_file = listed_message_file(
+            provider,
+            layout.topic,
+            layout.queue_id,
+            layout.path,
+            (layout.min_offset, layout.max_offset),
+            layout.commit_log,
+            layout.consume_queue,
+        )
+        self.consume_queue = self.flat_file.consume_queue
+        self._commit_log = self.flat_file.commit_log.segments
         self._consume_queue = self.consume_queue.segments
-        self._commit_log_bases = [span.base_offset for span in layout.commit_log]
+        self._commit_log_bases = [segment.base_offset for segment in self._commit_log]
         self._consume_queue_bases = [segment.base_offset for segment in self._consume_queue]
         self._units: dict[int, ConsumeQueueUnit] = {}
         self.held_runs = list(self.consume_queue.queue_runs().held)
         self._run_starts = [start for start, _ in self.held_runs]
-
-    def _segment(self, file_type: FileType, span: SegmentSpan) -> FileSegment:
-        return self.provider.segment(file_type, self.layout.path, span.base_offset, commit_position=span.size)
 
     def _find(self, bases: Sequence[int], segments: Sequence[FileSegment], offset: int, what: str) -> FileSegment:
         index = bisect.bisect_right(bases, offset) - 1
@@ -107,11 +108,6 @@ class ArchiveView:
     def object_name(self, segment: FileSegment) -> str:
         """The segment as a user finds it in storage: the provider URL and the segment key."""
         return f"{self.provider.url.rstrip('/')}/{segment.key}"
-
-    async def read_commit_log(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` committed bytes from ``offset``, within the one segment holding ``offset``."""
-        segment = self.commit_log_segment(offset)
-        return await segment.read(offset - segment.base_offset, length)
 
     async def units(self, queue_offset: int, count: int) -> list[ConsumeQueueUnit]:
         """``count`` units from ``queue_offset`` (within one consume-queue segment); CorruptRecordError if short."""
@@ -136,7 +132,7 @@ class ArchiveView:
         return cached
 
     async def record_head(self, offset: int) -> bytes:
-        head = await self.read_commit_log(offset, RECORD_HEAD_SIZE)
+        head = await self.flat_file.read_commit_log(offset, RECORD_HEAD_SIZE)
         if len(head) < MIN_RECORD_SIZE:
             segment = self.commit_log_segment(offset)
             raise CorruptRecordError(
@@ -160,30 +156,6 @@ class ArchiveView:
             if queue_offset < end:
                 return max(start, queue_offset)
         return None
-
-    def held_run_end(self, queue_offset: int) -> int | None:
-        """The end of the held run holding ``queue_offset``; None when it is not held."""
-        index = bisect.bisect_right(self._run_starts, queue_offset) - 1
-        if index >= 0 and queue_offset < self.held_runs[index][1]:
-            return self.held_runs[index][1]
-        return None
-
-    def held_offsets(self, queue_offset: int, count: int, *, past_the_end: int) -> npt.NDArray[np.int64]:
-        """``count`` held queue offsets from ``queue_offset`` on, each the one a reader steps to after the
-        last; past the last held offset every step gives ``past_the_end``."""
-        pieces = []
-        left = count
-        while left > 0:
-            run_end = self.held_run_end(queue_offset)
-            taken = 1 if run_end is None else min(left, run_end - queue_offset)
-            pieces.append(np.arange(queue_offset, queue_offset + taken, dtype=np.int64))
-            left -= taken
-            following = queue_offset + taken
-            if run_end is None or following >= run_end:
-                held = self.next_held(following)
-                following = past_the_end if held is None else held
-            queue_offset = following
-        return np.concatenate(pieces)
 
     def last_held_before(self, queue_offset: int) -> int | None:
         """The last held queue offset below ``queue_offset``; None if there is none."""
@@ -249,31 +221,6 @@ class ArchiveView:
         if found is None or found < low:
             raise NotFoundError(f"{self.layout.path}: no record at or before commit-log offset {commitlog_offset}")
         return found, await self.unit(found)
-
-
-class _NoMetadata:
-    """The metadata store of a view that never writes: any use of it is a bug, said as such."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise ReadOnlyError(f"the Spark source reads the archive only; it has no metadata store to {name}")
-
-
-_NO_METADATA = cast(MetadataStore, _NoMetadata())
-
-
-def _segment_record(path: str, span: SegmentSpan) -> SegmentRecord:
-    """A consume-queue segment of a layout as the flat layer loads it: sealed at the size the layout gives."""
-    return SegmentRecord(
-        path,
-        SegmentFileType.CONSUME_QUEUE,
-        span.base_offset,
-        span.size,
-        SegmentStatus.SEALED,
-        created_timestamp=0,
-        begin_timestamp=span.begin_timestamp,
-        end_timestamp=span.end_timestamp,
-        sealed_timestamp=None,
-    )
 
 
 # ---- discovery ------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Reading one partition in a task: commit-log bytes in large ranged reads, decoded straight into Arrow.
+"""Reading one partition in a task: windows of commit-log bytes from the one cold reader, decoded straight
+into Arrow.
 
 Partitions run in an event loop and through a provider that a Python worker keeps from one partition
-to the next (``tieredstore.spark.session``). Records are packed back to back in the cold commit log,
-so the partition's byte range is decoded in order without the consume queue; the consume queue is read
-only to step over a corrupt record, whose length cannot be trusted.
+to the next (``tieredstore.spark.session``). A partition is read through ``ColdQueueReader`` like every
+other cold read: windows of ``read_block_bytes`` split from the commit log, whose records lie back to back,
+without the consume queue (which has the last word where a split does not check out); offsets lost before
+they were archived come as a ``LostRange`` between windows. The consume queue is also read to step over
+a corrupt record, whose length cannot be trusted.
 
 Runs of records in the common layout (v1 magic, IPv4 hosts) are checked and turned into Arrow columns a
 whole run at a time (``tieredstore.spark.columns``). A record that run path does not take is decoded
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +31,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from tieredstore.errors import CorruptRecordError
-from tieredstore.formats.arrays import gather
+from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, FollowPoint, LostRange
+from tieredstore.flat.served import ReadAheadBatch
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.message import (
     MAGIC_V1,
@@ -39,6 +44,7 @@ from tieredstore.formats.message import (
     MessageRecord,
     decode,
 )
+from tieredstore.formats.naming import FileType
 from tieredstore.formats.records import Int64Array, Layout
 from tieredstore.providers.base import Provider
 from tieredstore.spark.columns import RecordSlice, RunColumns, checked_prefix, store_timestamps
@@ -56,7 +62,6 @@ _IPV4_HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
 _SIZE = struct.Struct(">i")
 _FIRST_RUN = 1024
 _RUN_AFTER_ANOTHER_LAYOUT = 64
-_REPEATS_BEFORE_A_JUMP = 4
 _PROPERTIES_LENGTH = struct.Struct(">h")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -164,7 +169,7 @@ class ReadStats:
 
 
 class PartitionScanner:
-    """Walks one partition's commit-log range record by record, in blocks of ``read_block_bytes``."""
+    """Walks one partition's records window by window, as the one cold reader reads them (``ColdQueueReader``)."""
 
     def __init__(
         self,
@@ -182,58 +187,82 @@ class PartitionScanner:
         self.stats = stats if stats is not None else ReadStats()
         self._position = plan.commitlog_start  # commit-log offset of the next record
         self._queue_offset = plan.queue_start  # the queue offset that record must hold
-        self._buffer = b""
-        self._buffer_start = plan.commitlog_start
-        self._run_end: int | None = None  # end of the held run the current queue offset is in
+        records = max(1, self.view.held_count(plan.queue_start, plan.queue_end))
+        mean_size = max(MIN_RECORD_SIZE, (plan.commitlog_end - plan.commitlog_start) / records)
+        # A window is a block of bytes: room for twice the records of a mean size keeps the record count
+        # from cutting it short, and bounds the consume-queue units a window located by them reads.
+        count = 2 * math.ceil(options.read_block_bytes / mean_size)
+        # Spark checks every record in full itself, so the windows' records are only located.
+        window_options = ColdReadOptions(count, options.read_block_bytes, check_records=False)
+        self.reader = ColdQueueReader(self.view.flat_file, window_options, count_read=self._count_read)
+        # The planner found where the partition's first record lies: its first window is split from there,
+        # with no consume-queue read.
+        self.reader.follow = FollowPoint(plan.queue_start, plan.commitlog_start, mean_size)
+        self._windows = self.reader.windows(plan.queue_start, plan.queue_end)
+        self._ahead: asyncio.Future[ReadAheadBatch | LostRange] | None = None  # the next window's read
+        self._buffer = b""  # the commit-log bytes of the current window
+        self._starts: Int64Array = np.empty(0, dtype=np.int64)  # its records' places in them
+        self._sizes: Int64Array = np.empty(0, dtype=np.int64)
+        self._index = 0  # the current record's index in the window
+        self._first_offset = plan.queue_start  # the queue offset of the window's first record
+        self._commitlog_start = plan.commitlog_start  # the commit-log offset of the window's bytes
+        self._exhausted = False
         self._run_limit = _FIRST_RUN  # how many records the next run may take
-        self._ahead: tuple[int, int, asyncio.Future[bytes]] | None = None  # start, length, read of the next block
 
     @property
     def done(self) -> bool:
-        return self._position >= self.plan.commitlog_end
+        return self._exhausted
 
-    @property
-    def _buffer_end(self) -> int:
-        return self._buffer_start + len(self._buffer)
-
-    async def _fill(self, needed: int) -> None:
-        """Make the buffer hold ``needed`` bytes from the current position (fewer only at the range end)."""
-        keep = self._buffer[self._position - self._buffer_start :] if self._position < self._buffer_end else b""
-        start = self._position + len(keep)
-        length = min(max(needed - len(keep), self.options.read_block_bytes), self.plan.commitlog_end - start)
-        data = await self._read(start, length) if length > 0 else b""
+    def _count_read(self, _file_type: FileType) -> None:
         self.stats.reads += 1
-        self.stats.bytes_read += len(data)
-        self._buffer = keep + data if keep else data
-        self._buffer_start = self._position
-        if len(self._buffer) < min(needed, self.plan.commitlog_end - self._position):
-            raise self._error(
-                f"storage holds {len(self._buffer)} bytes from here, the archive's recorded size promised "
-                f"{self.plan.commitlog_end - self._position} (was it removed by retention during the scan?)"
-            )
 
-    async def _read(self, start: int, length: int) -> bytes:
-        """``length`` bytes from ``start`` (more when the block read ahead holds more), and the next block
-        read ahead: its GET runs in a worker thread while Spark takes in the batches of this one."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == start and ahead[1] >= length:
-            data = await ahead[2]
+    async def _next_window(self) -> bool:
+        """Make the next window current (stepping over lost offsets); False once the partition is read."""
+        while not self._exhausted:
+            ahead, self._ahead = self._ahead, None
+            try:
+                found = await (ahead if ahead is not None else anext(self._windows))
+            except StopAsyncIteration:
+                if self._position < self.plan.commitlog_end and self._queue_offset < self.plan.queue_end:
+                    raise self._error(
+                        "storage holds no record from here, the archive's recorded size promised "
+                        f"{self.plan.commitlog_end - self._position} (was it removed by retention during the scan?)"
+                    ) from None
+                self._exhausted = True
+                return False
+            # The next window is read while this one is decoded: its GET runs in a worker thread while Spark
+            # takes in the batches of this one.
+            self._ahead = asyncio.ensure_future(anext(self._windows))
+            await asyncio.sleep(0)
+            if isinstance(found, LostRange):
+                self._queue_offset = found.end
+                continue
+            self.stats.bytes_read += len(found.data)
+            self._buffer = found.data
+            self._starts = np.asarray(found.starts, dtype=np.int64)
+            self._sizes = np.asarray(found.ends, dtype=np.int64) - self._starts
+            self._index = 0
+            self._first_offset = self._queue_offset = found.first_offset
+            self._commitlog_start = found.commitlog_start
+            self._position = self._commitlog_start + int(self._starts[0])
+            return True
+        return False
+
+    def _step(self, records: int) -> None:
+        """Go past ``records`` records of the current window."""
+        self._index += records
+        if self._index < len(self._starts):
+            self._queue_offset = self._first_offset + self._index
+            self._position = self._commitlog_start + int(self._starts[self._index])
         else:
-            if ahead is not None:
-                ahead[2].cancel()
-            data = await self.view.read_commit_log(start, length)
-        following = start + len(data)
-        if data and following < self.plan.commitlog_end:
-            block = min(self.options.read_block_bytes, self.plan.commitlog_end - following)
-            task = asyncio.ensure_future(self.view.read_commit_log(following, block))
-            self._ahead = (following, block, task)
-            await asyncio.sleep(0)  # let the read start before this task goes back to decoding
-        return data
+            self._queue_offset = self._first_offset + self._index
+            last = self._index - 1
+            self._position = self._commitlog_start + int(self._starts[last] + self._sizes[last])
 
     def cancel_read_ahead(self) -> None:
-        """Drop the block read ahead (the partition ends before it is needed)."""
+        """Drop the window read ahead (the partition ends before it is needed)."""
         if self._ahead is not None:
-            self._ahead[2].cancel()
+            self._ahead.cancel()
             self._ahead = None
 
     def _error(self, reason: str) -> CorruptRecordError:
@@ -249,7 +278,9 @@ class PartitionScanner:
         pieces: list[pa.RecordBatch] = []
         rows = 0
         builder = ColumnBuilder()
-        while not self.done and rows + len(builder) < self.options.batch_rows:
+        while rows + len(builder) < self.options.batch_rows:
+            if self._index >= len(self._starts) and not await self._next_window():
+                break
             piece = self._decode_run(self.options.batch_rows - rows - len(builder))
             if piece is None:
                 await self._decode_one(builder)
@@ -267,54 +298,15 @@ class PartitionScanner:
         self.stats.rows += batch.num_rows if batch is not None else 0
         return batch
 
-    def _complete_records(self, limit: int) -> tuple[Int64Array, Int64Array]:
-        """Starts (in the buffer) and sizes of up to ``limit`` whole records from the current position.
-
-        Sizes are read record by record until several in a row are equal; then the records that follow
-        with that same size are found in one gather, which is how a producer of same-sized messages is read.
-        """
-        buffer = self._buffer
-        flat = np.frombuffer(buffer, dtype=np.uint8)
-        at = self._position - self._buffer_start
-        end = min(len(buffer), self.plan.commitlog_end - self._buffer_start)
-        starts: list[int] = []
-        sizes: list[int] = []
-        pieces: list[tuple[Int64Array, Int64Array]] = []
-        count = repeats = previous = 0
-        unpack = _SIZE.unpack_from
-        while count < limit and at + _SIZE.size <= end:
-            (size,) = unpack(buffer, at)
-            if size < MIN_RECORD_SIZE or at + size > end:
-                break
-            repeats = repeats + 1 if size == previous else 0
-            previous = size
-            if repeats < _REPEATS_BEFORE_A_JUMP:
-                starts.append(at)
-                sizes.append(size)
-                count += 1
-                at += size
-                continue
-            places = at + size * np.arange(min(limit - count, (end - at) // size), dtype=np.int64)
-            same = gather(flat, places, ">i4") == size
-            taken = len(places) if bool(same.all()) else int(np.argmin(same))
-            pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
-            pieces.append((places[:taken], np.full(taken, size, dtype=np.int64)))
-            starts, sizes = [], []
-            count += taken
-            at += size * taken
-            repeats = 0
-        pieces.append((np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)))
-        return np.concatenate([piece[0] for piece in pieces]), np.concatenate([piece[1] for piece in pieces])
-
     def _decode_run(self, limit: int) -> pa.RecordBatch | None:
         """The matching rows of the leading records the run path takes; None when it takes none."""
-        starts, sizes = self._complete_records(min(limit, self._run_limit))
-        if not len(starts):
-            return None
+        first = self._index
+        last = min(len(self._starts), first + min(limit, self._run_limit))
+        starts, sizes = self._starts[first:last], self._sizes[first:last]
         run = RecordSlice.at(self._buffer, starts, sizes)
         layout = Layout.of(run)
-        offsets = self.view.held_offsets(self._queue_offset, len(starts) + 1, past_the_end=self.plan.queue_end)
-        taken = checked_prefix(run, layout, self.plan.topic, self.plan.queue_id, offsets[:-1])
+        offsets = np.arange(self._queue_offset, self._queue_offset + len(starts), dtype=np.int64)
+        taken = checked_prefix(run, layout, self.plan.topic, self.plan.queue_id, offsets)
         # Runs grow while every record takes this path and start small again after one that did not, so
         # records of other layouts mixed in often cost no second look at long runs.
         self._run_limit = self._run_limit * 2 if taken == len(starts) else _RUN_AFTER_ANOTHER_LAYOUT
@@ -322,9 +314,7 @@ class PartitionScanner:
             return None
         if taken < len(starts):
             run, layout = _rows_of(run, layout, np.arange(taken, dtype=np.int64))
-        self._position = self._buffer_start + int(starts[taken - 1] + sizes[taken - 1])
-        self._queue_offset = int(offsets[taken])
-        self._run_end = self.view.held_run_end(self._queue_offset)
+        self._step(taken)
         self.stats.records += taken
         matching = self.plan.scan_filter.matches_rows(offsets[:taken], store_timestamps(run))
         if not matching.all():
@@ -333,31 +323,29 @@ class PartitionScanner:
         return RunColumns(run, layout, self.plan.topic, self.plan.queue_id).batch(self.columns)
 
     async def _decode_one(self, builder: ColumnBuilder) -> None:
-        """Decode (or step over, when corrupt) the record at the current position by itself."""
-        if self._position + _SIZE.size > self._buffer_end:
-            await self._fill(_SIZE.size)
-        (size,) = _SIZE.unpack_from(self._buffer, self._position - self._buffer_start)
+        """Decode (or step over, when corrupt) the current record by itself."""
+        at, located = int(self._starts[self._index]), int(self._sizes[self._index])
+        (size,) = _SIZE.unpack_from(self._buffer, at) if located >= _SIZE.size else (located,)
         try:
             if size < MIN_RECORD_SIZE or self._position + size > self.plan.commitlog_end:
                 raise _Corrupt(
                     f"record size {size} does not fit the {self.plan.commitlog_end - self._position} "
                     "bytes left in the partition"
                 )
-            if self._position + size > self._buffer_end:
-                await self._fill(size)
-            self._decode(builder, self._position - self._buffer_start, size)
+            if size != located:
+                raise _Corrupt(f"record size {size} is not the {located} bytes the consume queue gives it")
+            self._decode(builder, at, size)
         except _Corrupt as corrupt:
             await self._corrupt(str(corrupt))
             return
-        self._position += size
-        self._queue_offset = self._next_queue_offset()
+        self._step(1)
         self.stats.records += 1
 
     async def _corrupt(self, reason: str) -> None:
         error = self._error(reason)
         if self.options.on_corrupt is OnCorrupt.FAIL:
             raise error
-        # The size field cannot be trusted: the consume queue says where this record and the next start.
+        # The size field cannot be trusted: the consume queue must place this record where it was read.
         unit = await self.view.unit(self._queue_offset)
         if unit.commitlog_offset != self._position:
             raise CorruptRecordError(
@@ -366,20 +354,7 @@ class PartitionScanner:
             ) from None
         log.warning("skipping %s", error)
         self.stats.skipped += 1
-        self._queue_offset = self._next_queue_offset()
-        if self._queue_offset < self.plan.queue_end:
-            self._position = (await self.view.unit(self._queue_offset)).commitlog_offset
-        else:
-            self._position = self.plan.commitlog_end
-
-    def _next_queue_offset(self) -> int:
-        """The queue offset the next record must hold: one more, or the far side of a consume-queue hole."""
-        following = self._queue_offset + 1
-        if self._run_end is None or following >= self._run_end:
-            held = self.view.next_held(following)
-            following = self.plan.queue_end if held is None else held
-            self._run_end = self.view.held_run_end(following)
-        return following
+        self._step(1)
 
     def _decode(self, builder: ColumnBuilder, at: int, size: int) -> None:
         buffer = self._buffer
