@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.formats.arrays import UNIT_DTYPE
@@ -31,7 +30,9 @@ from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE
 from tieredstore.formats.records import (
     HEAD_DTYPE,
+    BoolArray,
     Expected,
+    Int64Array,
     Layout,
     first_problem,
     gather_heads,
@@ -40,9 +41,6 @@ from tieredstore.formats.records import (
     tag_hashes_of,
 )
 from tieredstore.local.mapped_file import release_mapped_pages
-
-Int64Array = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 # How much of a file a batch read unmapping as it goes (``copy_records``) holds mapped at most.
 UNMAP_STEP = 4 << 20

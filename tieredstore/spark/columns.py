@@ -27,7 +27,7 @@ from tieredstore.formats.message import (
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
 )
-from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem
+from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem, store_timestamps_of
 from tieredstore.spark.buffers import ByteArray, Int64Array, gather_ranges, repeated_string, string_array
 from tieredstore.spark.properties import Pairs, parse_properties, split_keys, split_pairs
 from tieredstore.spark.schema import ARROW_SCHEMA
@@ -35,7 +35,6 @@ from tieredstore.spark.schema import ARROW_SCHEMA
 BoolArray = npt.NDArray[np.bool_]
 
 # In the common layout the hosts part of a head is: born host, STORETIMESTAMP, store host, RECONSUMETIMES.
-_STORE_TIMESTAMP = slice(8, 16)
 _STORE_HOST = slice(16, 24)
 _RECONSUME_TIMES = slice(24, 28)
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -44,11 +43,7 @@ _SHORTEST_COMMON = 88 + 3
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
 
-# A run of records as the engine sees it; Spark's rows of it are ``_rows_of``'s.
-RecordSlice = PackedRun
-
-
-def checked_prefix(run: RecordSlice, layout: Layout, topic: str, queue_id: int, queue_offsets: Int64Array) -> int:
+def checked_prefix(run: PackedRun, layout: Layout, topic: str, queue_id: int, queue_offsets: Int64Array) -> int:
     """How many leading records of ``run`` are in the common layout (the others take the row decoder) and are
     what the consume queue promised: the batch record engine's check with Spark's rule."""
     heads = run.heads
@@ -62,11 +57,6 @@ def checked_prefix(run: RecordSlice, layout: Layout, topic: str, queue_id: int, 
 @functools.lru_cache(maxsize=256)
 def _topic_bytes(topic: str) -> bytes:
     return topic.encode("utf-8")
-
-
-def store_timestamps(run: RecordSlice) -> Int64Array:
-    """STORETIMESTAMP of each record of the common layout, in milliseconds."""
-    return as_values(run.heads["hosts"][:, _STORE_TIMESTAMP], ">i8").astype(np.int64)
 
 
 class RowProperties:
@@ -94,7 +84,7 @@ class RowProperties:
 class RunColumns:
     """The columns of the records of a run, each built when it is first asked for."""
 
-    def __init__(self, run: RecordSlice, layout: Layout, topic: str, queue_id: int) -> None:
+    def __init__(self, run: PackedRun, layout: Layout, topic: str, queue_id: int) -> None:
         self.run = run
         self.layout = layout
         self.topic = topic
@@ -141,7 +131,7 @@ class RunColumns:
         return pa.array(self.run.heads["physical_offset"].astype(np.int64), pa.int64())
 
     def store_timestamp_column(self) -> pa.Array:
-        return pa.array(store_timestamps(self.run) * 1000, self._type("store_timestamp"))
+        return pa.array(store_timestamps_of(self.run.heads) * 1000, self._type("store_timestamp"))
 
     def born_timestamp_column(self) -> pa.Array:
         return pa.array(self.run.heads["born_timestamp"].astype(np.int64) * 1000, self._type("born_timestamp"))

@@ -45,9 +45,9 @@ from tieredstore.formats.message import (
     decode,
 )
 from tieredstore.formats.naming import FileType
-from tieredstore.formats.records import Int64Array, Layout
+from tieredstore.formats.records import Int64Array, Layout, PackedRun, store_timestamps_of
 from tieredstore.providers.base import Provider
-from tieredstore.spark.columns import RecordSlice, RunColumns, checked_prefix, store_timestamps
+from tieredstore.spark.columns import RunColumns, checked_prefix
 from tieredstore.spark.layout import ArchiveView
 from tieredstore.spark.options import OnCorrupt, ScanOptions
 from tieredstore.spark.planning import PartitionPlan
@@ -303,7 +303,7 @@ class PartitionScanner:
         first = self._index
         last = min(len(self._starts), first + min(limit, self._run_limit))
         starts, sizes = self._starts[first:last], self._sizes[first:last]
-        run = RecordSlice.at(self._buffer, starts, sizes)
+        run = PackedRun.at(self._buffer, starts, sizes)
         layout = Layout.of(run)
         offsets = np.arange(self._queue_offset, self._queue_offset + len(starts), dtype=np.int64)
         taken = checked_prefix(run, layout, self.plan.topic, self.plan.queue_id, offsets)
@@ -316,7 +316,7 @@ class PartitionScanner:
             run, layout = _rows_of(run, layout, np.arange(taken, dtype=np.int64))
         self._step(taken)
         self.stats.records += taken
-        matching = self.plan.scan_filter.matches_rows(offsets[:taken], store_timestamps(run))
+        matching = self.plan.scan_filter.matches_rows(offsets[:taken], store_timestamps_of(run.heads))
         if not matching.all():
             rows = np.flatnonzero(matching)
             run, layout = _rows_of(run, layout, rows)
@@ -432,10 +432,10 @@ class PartitionScanner:
             raise _Corrupt(f"the record holds {topic}/{queue_id} queue offset {queue_offset}")
 
 
-def _rows_of(run: RecordSlice, layout: Layout, rows: npt.NDArray[np.int64]) -> tuple[RecordSlice, Layout]:
+def _rows_of(run: PackedRun, layout: Layout, rows: npt.NDArray[np.int64]) -> tuple[PackedRun, Layout]:
     """Some records of a run, and their layout."""
     fields = {field.name: getattr(layout, field.name)[rows] for field in dataclasses.fields(Layout)}
-    return RecordSlice(run.data, run.starts[rows], run.sizes[rows], run.heads[rows]), Layout(**fields)
+    return PackedRun(run.data, run.starts[rows], run.sizes[rows], run.heads[rows]), Layout(**fields)
 
 
 def read_partition(
