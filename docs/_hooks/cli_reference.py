@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,8 @@ from markdown_text import code, escape
 from tieredstore.cli.app import _register_commands, app
 
 PROGRAM = "tieredstore"
+# Help texts end with "Example: CMD" or "Examples: CMD · CMD"; the reference shows those as a code block.
+_EXAMPLES = re.compile(r"(?:^|(?<=\s))Examples?: (.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,18 @@ def _options(command: Any, context: Any) -> Iterator[tuple[str, str]]:
             yield record[0], record[1]
 
 
+def _help_lines(text: str) -> list[str]:
+    prose, examples = text, ""
+    found = _EXAMPLES.search(text)
+    if found is not None:
+        prose, examples = text[: found.start()], found[1]
+    lines = [escape(paragraph) + "\n" for paragraph in prose.split("\n\n") if paragraph.strip()]
+    if examples:
+        commands = " ".join(examples.split()).split(" · ")
+        lines += ["Example:" if len(commands) == 1 else "Examples:", "", "```sh", *commands, "```", ""]
+    return lines
+
+
 def anchor(path: str) -> str:
     """The heading anchor MkDocs gives a command's section (``tieredstore db upgrade`` → ``tieredstore-db-upgrade``)."""
     return path.replace(" ", "-")
@@ -74,7 +89,7 @@ def cli_reference_markdown() -> str:
     lines: list[str] = []
     for doc in command_docs():
         lines += [f"## {doc.path}", "", "```text", doc.usage, "```", ""]
-        lines += [escape(paragraph) + "\n" for paragraph in doc.help.split("\n\n") if paragraph.strip()]
+        lines += _help_lines(doc.help)
         if doc.subcommands:
             links = ", ".join(f"[{name}](#{anchor(f'{doc.path} {name}')})" for name in doc.subcommands)
             lines += [f"Commands: {links}.", ""]
