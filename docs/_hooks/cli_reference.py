@@ -88,7 +88,7 @@ def cli_reference_markdown() -> str:
     """The reference as Markdown: one section per command with its usage, help and options."""
     lines: list[str] = []
     for doc in command_docs():
-        lines += [f"## {doc.path}", "", "```text", doc.usage, "```", ""]
+        lines += [f"### {doc.path}", "", "```text", doc.usage, "```", ""]
         lines += _help_lines(doc.help)
         if doc.subcommands:
             links = ", ".join(f"[{name}](#{anchor(f'{doc.path} {name}')})" for name in doc.subcommands)

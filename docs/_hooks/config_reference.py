@@ -68,7 +68,7 @@ def configuration_reference_markdown() -> str:
         by_section.setdefault(setting.section, []).append(setting)
     lines: list[str] = []
     for section, doc, _ in sections():
-        lines += [f"## {f'[{section}]' if section else 'Top level'}", "", escape(doc), ""]
+        lines += [f"### {f'[{section}]' if section else 'Top level'}", "", escape(doc), ""]
         lines += ["| setting | type | default | meaning |", "|---|---|---|---|"]
         for setting in by_section.get(section, []):
             where = f"{code(setting.name)}<br>{code(setting.environment_variable)}"

@@ -46,8 +46,8 @@ def _command_paths() -> Iterator[tuple[str, ...]]:
 
 
 def _sections(markdown: str) -> dict[str, str]:
-    """A generated page split at its ``## `` headings: heading -> the text below it."""
-    parts = re.split(r"^## (.+)$", markdown, flags=re.MULTILINE)
+    """A generated page split at its ``### `` headings: heading -> the text below it."""
+    parts = re.split(r"^### (.+)$", markdown, flags=re.MULTILINE)
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
@@ -89,7 +89,7 @@ def test_every_setting_is_in_the_configuration_reference() -> None:
         if nested is None:
             expected += [f"<code>{name}</code>", f"<code>TIEREDSTORE_{name.upper()}</code>"]
         else:
-            assert f"## [{name}]" in markdown
+            assert f"### [{name}]" in markdown
             expected += [f"<code>TIEREDSTORE_{name.upper()}__{inner.upper()}</code>" for inner in nested]
     assert len(expected) > 50
     assert [entry for entry in expected if entry not in markdown] == []
