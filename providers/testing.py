@@ -32,6 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from tieredstore.basics import MIB
 from tieredstore.errors import (
     CommitConflictError,
     PathEscapeError,
@@ -39,7 +40,7 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, queue_path
-from tieredstore.providers.base import MIB, AppendResult, FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.base import AppendResult, FileSegment, ListsObjects, Provider, StoredObject
 from tieredstore.providers.wrapper import WrappedProvider, WrappedSegment
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -35,8 +35,9 @@ from typing import Annotated, Any
 
 import typer
 
+from tieredstore.basics import check_queue_id
 from tieredstore.cli.app import IntegrityFailure, app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic, run
+from tieredstore.cli.common import checked_topic, run
 from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
 from tieredstore.flat.checker import check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
@@ -401,7 +402,7 @@ def verify(
     if queue_id is not None:
         if topic is None:
             raise ValidationError("--queue needs a TOPIC")
-        checked_queue_id(queue_id)
+        check_queue_id(queue_id)
 
     async def go() -> VerifyReport:
         async with open_read_node(cli.config) as node:

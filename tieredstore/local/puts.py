@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
-from tieredstore.errors import InvalidPropertyError, InvalidQueueError, MessageTooLargeError, ValidationError
+from tieredstore.basics import check_queue_id
+from tieredstore.errors import InvalidPropertyError, MessageTooLargeError, ValidationError
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
@@ -115,7 +116,7 @@ class StorePuts(StoreState):
         if layout is None:
             layout = self._layout_for(topic)
         if type(queue_id) is not int or not 0 <= queue_id < self._max_queues:
-            _check_queue_id(queue_id, self._max_queues)
+            check_queue_id(queue_id, self._max_queues)
         if type(body) is not bytes:
             if not isinstance(body, bytes | bytearray | memoryview):
                 raise ValidationError(f"message body must be bytes, not {type(body).__name__}")
@@ -267,14 +268,6 @@ class StorePuts(StoreState):
         for blank_offset, blank_size in plan.blanks:
             log_.write_blank(blank_offset, blank_size)
         return plan.positions
-
-
-def _check_queue_id(queue_id: object, limit: int) -> None:
-    """Raise the InvalidQueueError that ``queue_id`` deserves, if any."""
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-        raise InvalidQueueError(f"queue id must be an integer, not {type(queue_id).__name__}")
-    if not 0 <= queue_id < limit:
-        raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
 
 
 def _encode_message_properties(
