@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
 
@@ -84,6 +84,12 @@ class Problem:
         if self.commitlog_offset is not None:
             where += f" commit-log offset {self.commitlog_offset}"
         return f"{self.kind} at {where}: {self.detail}"
+
+
+class ReportProblem(Protocol):
+    """Records one problem of the queue being verified; ``where`` holds Problem's location fields."""
+
+    def __call__(self, kind: ProblemKind, detail: str, **where: Any) -> None: ...
 
 
 @dataclass(slots=True)
@@ -221,7 +227,7 @@ async def _check_objects(
     kind: FileType,
     records: list[SegmentRecord],
     report: VerifyReport,
-    problem: Any,
+    problem: ReportProblem,
 ) -> None:
     for index, row in enumerate(records):
         report.segments += 1
@@ -259,7 +265,7 @@ async def _check_objects(
         )
 
 
-def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: Any) -> None:
+def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: ReportProblem) -> None:
     for previous, current in itertools.pairwise(records):
         end = previous.base_offset + previous.size
         recorded_hole = (
@@ -284,7 +290,7 @@ def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: 
                 )
 
 
-def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], problem: Any) -> None:
+def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], problem: ReportProblem) -> None:
     if units:
         first = units[0].base_offset // UNIT_SIZE
         end = (units[-1].base_offset + units[-1].size) // UNIT_SIZE
@@ -305,7 +311,7 @@ def _runs_to_walk(flat_file: FlatMessageFile) -> list[tuple[int, int]]:
     return [(start, end) for start, end in clipped if start < end]
 
 
-async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: Any) -> None:
+async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: ReportProblem) -> None:
     """Units tile the commit log: each starts where the previous record ended, the last ends at its end.
 
     Recorded holes are stepped over; the first unit after one must still follow the last before it.

@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
-from tieredstore.basics import BoundaryType as BoundaryType  # re-exported: its home before basics
+from tieredstore.basics import BoundaryType as BoundaryType  # still importable from here
 from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns

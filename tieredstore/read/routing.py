@@ -11,7 +11,6 @@ from tieredstore.config import ReadPolicy
 from tieredstore.errors import NotFoundError
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.local.hot_reader import HotReader
-from tieredstore.local.reading import validate_queue as validate_queue  # re-exported for the fetcher
 from tieredstore.read.results import Boundary, QueueOffsets, Tier
 
 # RocketMQ's accessMessageInMemoryMaxRatio: the share of physical memory the newest hot bytes are taken
