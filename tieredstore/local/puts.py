@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
-from tieredstore.basics import check_queue_id
+from tieredstore.basics import check_queue_id, now_ms
 from tieredstore.errors import InvalidPropertyError, MessageTooLargeError, ValidationError
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -152,7 +151,7 @@ class StorePuts(StoreState):
         body_size = len(body)
         size = layout.fixed_size + body_size + len(tail)
         crc = body_crc(body)
-        now = int(time.time() * 1000)
+        now = now_ms()
         log_ = self._commit_log
         with self._put_lock:
             if self._put_refusal is not None:
@@ -196,7 +195,7 @@ class StorePuts(StoreState):
 
     def _append_batch(self, batch: list[_Batched], total: int) -> list[PutResult]:
         """Write validated records of ``total`` bytes and their units under one put lock, reserving room once."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         log_ = self._commit_log
         with self._put_lock:
             if self._put_refusal is not None:
