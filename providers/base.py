@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+from tieredstore.basics import GIB, MIB
 from tieredstore.errors import CommitConflictError, SizeUnknownError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType, segment_key
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 DEFAULT_MAX_SIZE: dict[FileType, int | None] = {
     FileType.COMMIT_LOG: GIB,

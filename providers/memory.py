@@ -5,9 +5,9 @@ Two providers built from the same URL see the same bytes, so a test can "restart
 
 from __future__ import annotations
 
-import time
 from typing import ClassVar
 
+from tieredstore.basics import now_ms
 from tieredstore.errors import CommitConflictError
 from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
@@ -23,10 +23,6 @@ class Volume(dict[str, bytearray]):
 
 
 _VOLUMES: dict[str, Volume] = {}
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MemorySegment(FileSegment):
@@ -48,7 +44,7 @@ class MemorySegment(FileSegment):
     async def _create(self) -> None:
         if self.key not in self._volume:
             self._volume[self.key] = bytearray()
-            self._modified[self.key] = _now_ms()
+            self._modified[self.key] = now_ms()
 
     async def _destroy(self) -> None:
         self._volume.pop(self.key, None)
@@ -68,14 +64,14 @@ class MemorySegment(FileSegment):
             raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
         if len(overlap) < len(data):
             stored.extend(data[len(overlap) :])
-            self._modified[self.key] = _now_ms()
-        self._modified.setdefault(self.key, _now_ms())
+            self._modified[self.key] = now_ms()
+        self._modified.setdefault(self.key, now_ms())
 
     async def _truncate(self, size: int) -> None:
         stored = self._volume.get(self.key)
         if stored is not None and size < len(stored):
             del stored[size:]
-            self._modified[self.key] = _now_ms()
+            self._modified[self.key] = now_ms()
 
 
 class MemoryProvider(Provider):
@@ -121,7 +117,7 @@ class MemoryProvider(Provider):
         prefix = f"{path}/" if path else ""
         return [
             # A key a test wrote into the volume directly has no recorded write: it counts as written now.
-            StoredObject(key, len(data), self.volume.modified.get(key, _now_ms()))
+            StoredObject(key, len(data), self.volume.modified.get(key, now_ms()))
             for key, data in sorted(self.volume.items())
             if key == path or key.startswith(prefix)
         ]

@@ -25,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from tieredstore.basics import MIB, now_ms
 from tieredstore.errors import (
     CommitConflictError,
     PathEscapeError,
@@ -39,7 +39,7 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, queue_path
-from tieredstore.providers.base import MIB, AppendResult, FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.base import AppendResult, FileSegment, ListsObjects, Provider, StoredObject
 from tieredstore.providers.wrapper import WrappedProvider, WrappedSegment
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -460,10 +460,10 @@ class ProviderTests:
     async def test_list_objects_gives_each_segments_bytes_and_last_write(self, provider: Provider) -> None:
         assert isinstance(provider, ListsObjects)
         # Storage stamps writes with its own clock, to the second on S3: allow for both.
-        before = time.time_ns() // 1_000_000 - CLOCK_SLACK_MS
+        before = now_ms() - CLOCK_SLACK_MS
         records = await committed(provider.segment(COMMIT_LOG, QUEUE, 0), b"abc", b"defg")
         units = await committed(provider.segment(CONSUME_QUEUE, QUEUE, 40), b"u" * 20)
-        after = time.time_ns() // 1_000_000 + CLOCK_SLACK_MS
+        after = now_ms() + CLOCK_SLACK_MS
 
         def bytes_of(objects: list[StoredObject], key: str) -> int:
             return sum(o.size for o in objects if o.key == key or o.key.startswith(f"{key}/"))

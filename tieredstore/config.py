@@ -24,14 +24,13 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from tieredstore.basics import GIB, MIB
 from tieredstore.errors import ConfigError
 from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_storage_class
 from tieredstore.topic_filter import check_topic_pattern
 
 log = structlog.get_logger(__name__)
 
-MIB = 1 << 20
-GIB = 1 << 30
 DEFAULT_DATA_DIR = Path("tieredstore-data")
 CONFIG_ENV = "TIEREDSTORE_CONFIG"
 # A [segments] key of older versions, still accepted (and ignored) so that their config files load.

@@ -2,6 +2,8 @@
 
     TieredStoreError
     ├── ConfigError (ValueError)                 bad config file, env or flag
+    │   ├── StoreLockedError                     the hot store is open by another writer
+    │   └── ArchiverRunningError                 a command that changes cold storage beside a running archiver
     ├── ValidationError (ValueError)             bad input from a caller
     │   ├── InvalidTopicError                    topic name breaks RocketMQ's rule
     │   ├── InvalidQueueError                    queue id out of range
@@ -10,7 +12,8 @@
     │   └── ReadOnlyError                        a write through a handle opened read-only
     ├── NotFoundError (LookupError)              a topic, queue, segment or message that does not exist
     ├── IntegrityError                           bytes that do not decode: bad magic, length or CRC
-    │   └── CorruptRecordError                   names where the bad record is
+    │   ├── CorruptRecordError                   names where the bad record is
+    │   └── IntegrityFailure [cli.app]           a command's checks found problems it already printed
     ├── StorageError (OSError)                   the cold tier failed
     │   ├── StorageUnavailableError              unreachable / outage; retryable
     │   │   └── CommitTimeoutError (TimeoutError) a commit attempt abandoned by the watchdog; retried
@@ -22,11 +25,23 @@
     │   └── SizeUnknownError                     the real size cannot be known right now (never -1)
     ├── StoreFullError (OSError)                 the hot store is above its disk watermark
     ├── MetadataError
+    │   ├── MetadataUnavailableError             database unreachable or not answering; retryable
+    │   ├── MetadataCorruptError (IntegrityError) the database file is damaged
     │   ├── SchemaVersionError                   database unmigrated or at an unknown revision
     │   ├── ConcurrentUpdateError                optimistic check lost to another writer
     │   └── LeaseLostError                       another archiver owns the queue now
     └── MissingExtraError (ImportError)          a URL scheme whose optional dependency is not installed
 
+Signals caught in the module that raises them, so none reaches a caller; they are not ``TieredStoreError``:
+
+    Exception
+    ├── DirectRequestUnusable [providers.s3_direct]  the signed direct request no longer reaches the bucket
+    ├── _PreconditionFailed [providers.s3]           the conditional create found an object there
+    ├── _Abandoned [restore.engine]                  a write refused because an earlier one failed
+    └── _Corrupt [spark.reading]                     a record that does not decode, before its location is known
+
+A name in brackets is defined in that module of tieredstore, not here; tests/packaging/test_public_api.py
+checks that this drawing names every exception class of the package with its real parents.
 Leaves inherit the matching built-in so callers can catch ``FileNotFoundError`` or
 ``PermissionError`` without knowing this module. Messages never carry credentials.
 """

@@ -105,6 +105,7 @@ from tieredstore.flat.served import ReadAheadBatch, Tier, check_record, check_wi
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.naming import FileType
 from tieredstore.local.hot_reader import HotReader
+from tieredstore.local.reading import validate_queue
 from tieredstore.metrics import Metrics
 from tieredstore.read.cache import CachedRun, ReadAheadCache
 from tieredstore.read.results import (
@@ -116,7 +117,7 @@ from tieredstore.read.results import (
     QueueOffsets,
     ReadBatch,
 )
-from tieredstore.read.routing import IN_MEMORY_RATIO, TierRouter, physical_memory_bytes, validate_queue
+from tieredstore.read.routing import IN_MEMORY_RATIO, TierRouter, physical_memory_bytes
 from tieredstore.read.state import Continuation, QueueStates
 from tieredstore.read.tiers import read_cold, read_hot
 

@@ -17,12 +17,12 @@ no archiver runs. ``dry_run`` reports what would go, from the same rules, and ch
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
 
+from tieredstore import basics
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
@@ -146,7 +146,7 @@ def index_cutoff(now_ms: int, default_reserve_hours: float, topics: Iterable[Top
 
 async def apply_retention(runtime: Runtime, *, dry_run: bool = False, now_ms: int | None = None) -> RetentionReport:
     """Remove (or with ``dry_run`` list) expired cold segments of every queue and expired index files."""
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    now = basics.now_ms() if now_ms is None else now_ms
     report = RetentionReport(dry_run=dry_run, now_ms=now)
     retention = ArchiverRetention(
         runtime.metadata, runtime.metrics, default_reserve_hours=runtime.config.default_reserve_hours, keys=runtime.keys

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from tieredstore import basics
 from tieredstore.errors import StorageError
 from tieredstore.formats.naming import FileType, queue_path, segment_key
 from tieredstore.metadata import LIVE_SEGMENT_STATUSES, MetadataStore, SegmentRecord, SegmentStatus
@@ -184,7 +184,7 @@ class Scrubber:
                 orphan = await self._orphan(OrphanKind.INDEX_FILE, NO_CATALOGUE_ROW, folder, FileType.INDEX, file_id)
                 found += [orphan] if orphan is not None else []
             self._step()
-        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        now = basics.now_ms() if now_ms is None else now_ms
         report = ScrubReport(delete, older_than_ms, now, found, self._notes)
         for orphan in found:
             if orphan.last_modified >= now - older_than_ms:

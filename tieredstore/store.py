@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
+from tieredstore.basics import Boundary
 from tieredstore.config import ReadPolicy, TieredStoreConfig
 from tieredstore.errors import CorruptRecordError, NotFoundError, TieredStoreError, ValidationError
 from tieredstore.fetcher import (
@@ -53,7 +54,6 @@ from tieredstore.topic_filter import TopicFilter
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-Boundary = Literal["lower", "upper"]
 MAX_TIMESTAMP = (1 << 63) - 1
 _HEAD = struct.Struct(">iI")
 

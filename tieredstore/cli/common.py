@@ -8,12 +8,12 @@ import asyncio
 import datetime as dt
 import os
 import re
-import time
 from collections.abc import Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tieredstore.basics import now_ms
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ArchiverRunningError, ValidationError
 from tieredstore.formats.naming import validate_topic
@@ -26,10 +26,6 @@ T = TypeVar("T")
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """The async edge of a command."""
     return asyncio.run(coroutine)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # ---- beside an archiver --------------------------------------------------------------------------
@@ -79,12 +75,6 @@ def archivers_seen_running(config: TieredStoreConfig, metadata: MetadataStore) -
 def checked_topic(topic: str) -> str:
     """The topic if RocketMQ's rule allows it (this also refuses path tricks like ``../x``)."""
     return validate_topic(topic)
-
-
-def checked_queue_id(queue_id: int) -> int:
-    if queue_id < 0:
-        raise ValidationError(f"queue id {queue_id} must not be negative")
-    return queue_id
 
 
 # ---- time -----------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
+from tieredstore.basics import check_queue_id, now_ms
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic, now_ms, run
+from tieredstore.cli.common import checked_topic, run
 from tieredstore.errors import NotFoundError
 from tieredstore.formats.naming import FileType, segment_key
 from tieredstore.metadata import SegmentFileType, SegmentRecord, SegmentStatus
@@ -323,7 +324,7 @@ def segments(
     """
     cli = state(ctx)
     checked_topic(topic)
-    checked_queue_id(queue_id)
+    check_queue_id(queue_id)
     types = list(_TYPE_CHOICES.values())
     if file_type is not None:
         chosen = _TYPE_CHOICES.get(file_type.lower())

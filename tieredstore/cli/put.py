@@ -16,8 +16,9 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
+from tieredstore.basics import check_queue_id
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic
+from tieredstore.cli.common import checked_topic
 from tieredstore.errors import TieredStoreError, ValidationError
 from tieredstore.local.store import PutRequest, PutResult
 from tieredstore.runtime import open_hot_store
@@ -87,7 +88,7 @@ def put(
     """
     cli = state(ctx)
     checked_topic(topic)
-    checked_queue_id(queue_id)
+    check_queue_id(queue_id)
     if jsonl and (key or tag):
         raise typer.BadParameter("with --jsonl, keys and tags come from each line", param_hint="--key/--tag")
     results: list[PutResult] = []

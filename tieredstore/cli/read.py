@@ -18,11 +18,11 @@ from typing import Annotated, Literal
 
 import typer
 
+from tieredstore.basics import BoundaryType, check_queue_id
 from tieredstore.cli.app import CliState, app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic, parse_time, run
+from tieredstore.cli.common import checked_topic, parse_time, run
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.flat.cold_reader import ColdQueueReader
-from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.index.service import newest_first
 from tieredstore.local.index_file import record_index_keys
@@ -115,7 +115,7 @@ def read(
     """
     cli = state(ctx)
     checked_topic(topic)
-    checked_queue_id(queue_id)
+    check_queue_id(queue_id)
     chosen = _resolve_format(cli, fmt)
 
     async def go() -> None:
@@ -156,7 +156,7 @@ def tail(
     """
     cli = state(ctx)
     checked_topic(topic)
-    checked_queue_id(queue_id)
+    check_queue_id(queue_id)
     chosen = _resolve_format(cli, fmt)
 
     cold_readers: list[ColdQueueReader | None] = [None]  # kept across polls: each follows the one before
@@ -199,7 +199,7 @@ def offset_for_time(
     """
     cli = state(ctx)
     checked_topic(topic)
-    checked_queue_id(queue_id)
+    check_queue_id(queue_id)
     timestamp = parse_time(when)
 
     async def go() -> int:

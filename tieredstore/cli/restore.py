@@ -33,8 +33,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from tieredstore.basics import MIB, check_queue_id
 from tieredstore.cli.app import app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic, parse_time, run
+from tieredstore.cli.common import checked_topic, parse_time, run
 from tieredstore.errors import ConfigError, NotFoundError, StoreLockedError, ValidationError
 from tieredstore.read.node import open_read_node
 from tieredstore.restore import (
@@ -48,7 +49,6 @@ from tieredstore.restore import (
     RestoreSummary,
     restore_archive,
 )
-from tieredstore.restore.request import MIB
 
 # glibc's mallopt parameter, and the size from which a restore's allocations are their own mappings.
 _M_MMAP_THRESHOLD = -3
@@ -144,7 +144,7 @@ def restore(
     cli = state(ctx)
     checked_topic(topic)
     if queue_id is not None:
-        checked_queue_id(queue_id)
+        check_queue_id(queue_id)
     if (to_store is None) == (to_dir is None):
         raise ValidationError("give exactly one target: --to-store DIR or --to-dir DIR")
     if to_store is not None and fmt is not None:

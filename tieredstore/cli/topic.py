@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Annotated, Any
 
 import typer
 
+from tieredstore import basics
 from tieredstore.cli.app import app, state
 from tieredstore.cli.common import checked_topic, no_archiver_running, parse_duration, run
 from tieredstore.errors import ValidationError
@@ -100,7 +100,7 @@ def _rows(report: RetentionReport) -> list[dict[str, Any]]:
 
 async def plan_retention(cli_config: Any, *, now_ms: int | None = None) -> RetentionReport:
     """What a retention pass would remove, from the recorded state, without recovery or any write."""
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    now = basics.now_ms() if now_ms is None else now_ms
     report = RetentionReport(dry_run=True, now_ms=now)
     async with open_read_node(cli_config) as node:
         topics = {t.name: t for t in await asyncio.to_thread(node.metadata.list_topics)}

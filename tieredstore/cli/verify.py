@@ -4,9 +4,10 @@ Per queue: every live segment row has its object with the recorded size (MISSING
 SIZE_MISMATCH), segments of a file follow on without gap or overlap (SEGMENT_GAP), the consume
 queue spans the recorded offsets (OFFSET_RANGE), and no object exists that metadata does not
 account for (ORPHAN_OBJECT, also whole topic or queue folders). Then the exactly-once invariant:
-consume-queue units tile the commit log contiguously up to its end (the checker's kinds:
-COMMIT_LOG_GAP, COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking
-its CRC, size, queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``).
+consume-queue units tile the commit log contiguously up to its end (COMMIT_LOG_GAP,
+COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking its CRC, size,
+queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``). Every kind named here is a
+``ProblemKind``, the one vocabulary this command, the checker and the JSON output share.
 
 Offsets the hot store lost before they were archived are a recorded hole in the consume queue
 (``FlatMessageFile.skip_to``): a SEALED segment ending before the next one's base. That is not a
@@ -31,14 +32,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
 
+from tieredstore.basics import check_queue_id
 from tieredstore.cli.app import IntegrityFailure, app, state
-from tieredstore.cli.common import checked_queue_id, checked_topic, run
+from tieredstore.cli.common import checked_topic, run
 from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
-from tieredstore.flat.checker import check_queue_invariant
+from tieredstore.flat.checker import ProblemKind, check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import MIN_RECORD_SIZE
@@ -65,7 +67,7 @@ UNIT_BATCH = 8192
 class Problem:
     """One thing wrong, with where it is: an object key or a queue and its offsets."""
 
-    kind: str
+    kind: ProblemKind
     location: str
     detail: str
     topic: str | None = None
@@ -82,6 +84,12 @@ class Problem:
         if self.commitlog_offset is not None:
             where += f" commit-log offset {self.commitlog_offset}"
         return f"{self.kind} at {where}: {self.detail}"
+
+
+class ReportProblem(Protocol):
+    """Records one problem of the queue being verified; ``where`` holds Problem's location fields."""
+
+    def __call__(self, kind: ProblemKind, detail: str, **where: Any) -> None: ...
 
 
 @dataclass(slots=True)
@@ -153,15 +161,21 @@ async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
                 continue
             recorded = f"the key index records {record.size} bytes"
             if real == 0 and record.size > 0:
-                kind, detail = "MISSING_OBJECT", f"{recorded} (UPLOAD), the object is gone"
+                kind, detail = ProblemKind.MISSING_OBJECT, f"{recorded} (UPLOAD), the object is gone"
             else:
-                kind, detail = "SIZE_MISMATCH", f"{recorded}, the provider holds {real}"
+                kind, detail = ProblemKind.SIZE_MISMATCH, f"{recorded}, the provider holds {real}"
             report.problems.append(Problem(kind, key, detail, file_type=FileType.INDEX.value, base_offset=file_id))
         stored = await node.provider.list_segments(folder, FileType.INDEX)
         for file_id in uncatalogued_index_files(stored, files):
             key = segment_key(folder, FileType.INDEX, file_id)
             report.problems.append(
-                Problem("ORPHAN_OBJECT", key, NO_CATALOGUE_ROW, file_type=FileType.INDEX.value, base_offset=file_id)
+                Problem(
+                    ProblemKind.ORPHAN_OBJECT,
+                    key,
+                    NO_CATALOGUE_ROW,
+                    file_type=FileType.INDEX.value,
+                    base_offset=file_id,
+                )
             )
         for file_id in stored:
             known = files.get(file_id)
@@ -177,7 +191,7 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
     live = {kind: [r for r in records if r.status in LIVE_STATUSES] for kind, records in rows.items()}
     before = len(report.problems)
 
-    def problem(kind: str, detail: str, **where: Any) -> None:
+    def problem(kind: ProblemKind, detail: str, **where: Any) -> None:
         report.problems.append(Problem(kind, where.pop("location", path), detail, topic, queue_id, **where))
 
     for kind, records in live.items():
@@ -194,7 +208,7 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
             held = sum(end - start for start, end in _runs_to_walk(flat_file))
             for found in await check_queue_invariant(flat_file):
                 problem(
-                    found.kind.value,
+                    found.kind,
                     found.detail,
                     queue_offset=found.queue_offset,
                     commitlog_offset=found.commitlog_offset,
@@ -204,7 +218,7 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
         else:
             await _walk_units(flat_file, report, problem)
     except (SegmentNotFoundError, CorruptRecordError, NotFoundError) as error:
-        problem("READ_FAILED", str(error))
+        problem(ProblemKind.READ_FAILED, str(error))
 
 
 async def _check_objects(
@@ -213,7 +227,7 @@ async def _check_objects(
     kind: FileType,
     records: list[SegmentRecord],
     report: VerifyReport,
-    problem: Any,
+    problem: ReportProblem,
 ) -> None:
     for index, row in enumerate(records):
         report.segments += 1
@@ -225,10 +239,12 @@ async def _check_objects(
             continue
         if real == 0 and row.size > 0 and not await segment.exists():
             problem(
-                "MISSING_OBJECT", f"metadata records {row.size} bytes ({row.status.value}), the object is gone", **where
+                ProblemKind.MISSING_OBJECT,
+                f"metadata records {row.size} bytes ({row.status.value}), the object is gone",
+                **where,
             )
         elif real < row.size:
-            problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
+            problem(ProblemKind.SIZE_MISMATCH, f"metadata records {row.size} bytes, the provider holds {real}", **where)
         elif index == len(records) - 1 and row.status is SegmentStatus.NEW:
             report.notes.append(f"{key}: {real - row.size} bytes past the recorded size (a commit not yet recorded)")
         elif abandoned_tail(records, index, real):
@@ -238,10 +254,10 @@ async def _check_objects(
                 "by a recovery under leases (never read)"
             )
         else:
-            problem("SIZE_MISMATCH", f"metadata records {row.size} bytes, the provider holds {real}", **where)
+            problem(ProblemKind.SIZE_MISMATCH, f"metadata records {row.size} bytes, the provider holds {real}", **where)
     for base_offset in unrecorded_segments(await node.provider.list_segments(path, kind), records):
         problem(
-            "ORPHAN_OBJECT",
+            ProblemKind.ORPHAN_OBJECT,
             NO_LIVE_ROW,
             location=segment_key(path, kind, base_offset),
             file_type=kind.value,
@@ -249,7 +265,7 @@ async def _check_objects(
         )
 
 
-def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: Any) -> None:
+def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: ReportProblem) -> None:
     for previous, current in itertools.pairwise(records):
         end = previous.base_offset + previous.size
         recorded_hole = (
@@ -258,7 +274,7 @@ def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: 
         if current.base_offset != end and not recorded_hole:
             what = "gap" if current.base_offset > end else "overlap"
             problem(
-                "SEGMENT_GAP",
+                ProblemKind.SEGMENT_GAP,
                 f"{kind.value} segment starts at {current.base_offset}, the previous one ends at {end} ({what})",
                 file_type=kind.value,
                 base_offset=current.base_offset,
@@ -267,14 +283,14 @@ def _check_segment_chain(kind: FileType, records: list[SegmentRecord], problem: 
         for row in records:
             if row.base_offset % UNIT_SIZE or (row.status is SegmentStatus.SEALED and row.size % UNIT_SIZE):
                 problem(
-                    "UNIT_UNREADABLE",
+                    ProblemKind.UNIT_UNREADABLE,
                     f"consume-queue segment at {row.base_offset} ({row.size} bytes) is not whole units",
                     file_type=kind.value,
                     base_offset=row.base_offset,
                 )
 
 
-def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], problem: Any) -> None:
+def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], problem: ReportProblem) -> None:
     if units:
         first = units[0].base_offset // UNIT_SIZE
         end = (units[-1].base_offset + units[-1].size) // UNIT_SIZE
@@ -282,7 +298,7 @@ def _check_offset_range(position: QueuePosition, units: list[SegmentRecord], pro
         first = end = position.max_offset
     if position.max_offset != end or (position.min_offset != first and position.max_offset > position.min_offset):
         problem(
-            "OFFSET_RANGE",
+            ProblemKind.OFFSET_RANGE,
             f"metadata records offsets [{position.min_offset}, {position.max_offset}), "
             f"the consume-queue segments hold [{first}, {end})",
         )
@@ -295,7 +311,7 @@ def _runs_to_walk(flat_file: FlatMessageFile) -> list[tuple[int, int]]:
     return [(start, end) for start, end in clipped if start < end]
 
 
-async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: Any) -> None:
+async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem: ReportProblem) -> None:
     """Units tile the commit log: each starts where the previous record ended, the last ends at its end.
 
     Recorded holes are stepped over; the first unit after one must still follow the last before it.
@@ -313,21 +329,25 @@ async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem:
                 queue_offset = offset + index
                 if expected is None and unit.commitlog_offset < commit_log.min_offset:
                     problem(
-                        "COMMIT_LOG_MISSING",
+                        ProblemKind.COMMIT_LOG_MISSING,
                         f"the first unit points below the commit log's min offset {commit_log.min_offset}",
                         queue_offset=queue_offset,
                         commitlog_offset=unit.commitlog_offset,
                     )
                 elif expected is not None and queue_offset == run_start and unit.commitlog_offset > expected:
                     problem(
-                        "UNRECORDED_GAP",
+                        ProblemKind.UNRECORDED_GAP,
                         f"queue offsets [{previous_end}, {run_start}) are missing from the consume queue but "
                         f"{unit.commitlog_offset - expected} commit-log bytes were archived for them",
                         queue_offset=queue_offset,
                         commitlog_offset=expected,
                     )
                 elif expected is not None and unit.commitlog_offset != expected:
-                    kind = "COMMIT_LOG_GAP" if unit.commitlog_offset > expected else "COMMIT_LOG_OVERLAP"
+                    kind = (
+                        ProblemKind.COMMIT_LOG_GAP
+                        if unit.commitlog_offset > expected
+                        else ProblemKind.COMMIT_LOG_OVERLAP
+                    )
                     problem(
                         kind,
                         f"the unit starts at {unit.commitlog_offset}, the previous record ends at {expected}",
@@ -336,7 +356,7 @@ async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem:
                     )
                 if unit.size < MIN_RECORD_SIZE:
                     problem(
-                        "SIZE_MISMATCH",
+                        ProblemKind.SIZE_MISMATCH,
                         f"a unit of {unit.size} bytes is shorter than any record",
                         queue_offset=queue_offset,
                         commitlog_offset=unit.commitlog_offset,
@@ -344,7 +364,9 @@ async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem:
                 expected = unit.commitlog_offset + unit.size
             if len(units) < wanted:
                 problem(
-                    "UNIT_UNREADABLE", f"{wanted - len(units)} archived units are not readable", queue_offset=offset
+                    ProblemKind.UNIT_UNREADABLE,
+                    f"{wanted - len(units)} archived units are not readable",
+                    queue_offset=offset,
                 )
                 return
             offset += wanted
@@ -352,19 +374,19 @@ async def _walk_units(flat_file: FlatMessageFile, report: VerifyReport, problem:
     if expected is None:
         if commit_log.commit_offset > commit_log.min_offset:
             problem(
-                "ORPHAN_BYTES",
+                ProblemKind.ORPHAN_BYTES,
                 f"{commit_log.commit_offset - commit_log.min_offset} commit-log bytes but no archived message",
             )
         return
     if expected > commit_log.commit_offset:
         problem(
-            "COMMIT_LOG_MISSING",
+            ProblemKind.COMMIT_LOG_MISSING,
             f"the last unit ends at {expected}, the commit log at {commit_log.commit_offset}",
             commitlog_offset=commit_log.commit_offset,
         )
     elif expected < commit_log.commit_offset:
         problem(
-            "ORPHAN_BYTES",
+            ProblemKind.ORPHAN_BYTES,
             f"{commit_log.commit_offset - expected} commit-log bytes after the last archived record",
             commitlog_offset=expected,
         )
@@ -377,7 +399,7 @@ async def _find_orphan_folders(
     broker_path = broker_folder(node.config.cluster, node.config.broker)
     for folder in await orphan_folders(node.provider, broker_path, topic, known):
         report.problems.append(
-            Problem("ORPHAN_OBJECT", folder.location, folder.describe(), folder.topic, folder.queue_id)
+            Problem(ProblemKind.ORPHAN_OBJECT, folder.location, folder.describe(), folder.topic, folder.queue_id)
         )
 
 
@@ -401,7 +423,7 @@ def verify(
     if queue_id is not None:
         if topic is None:
             raise ValidationError("--queue needs a TOPIC")
-        checked_queue_id(queue_id)
+        check_queue_id(queue_id)
 
     async def go() -> VerifyReport:
         async with open_read_node(cli.config) as node:

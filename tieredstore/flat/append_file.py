@@ -23,25 +23,21 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, QueueKey, SegmentRecord, SegmentStatus, SegmentUpdate
+from tieredstore.metadata import MetadataStore, SegmentRecord, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import DEFAULT_MAX_SIZE, AppendResult, FileSegment, Provider
 
 Clock = Callable[[], int]
 RECOVERABLE_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED, SegmentStatus.DELETING)
 DEFAULT_ROLLING_INTERVAL_MS = 24 * 3600 * 1000
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +63,7 @@ class FlatAppendFile:
         initial_offset: int = 0,
         commit_before: FlatAppendFile | None = None,
         rolling_interval_ms: int | None = None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = now_ms,
         queue: QueueKey | None = None,
     ) -> None:
         self.provider = provider

@@ -31,8 +31,15 @@ DEFAULT_BATCH = 1024
 
 
 class ProblemKind(enum.StrEnum):
-    """What is wrong at one place of a cold queue."""
+    """What is wrong at one place of the archive: the one vocabulary of ``verify``, its checker and its JSON.
 
+    A record's own faults (``formats.records.Fault``) are reported as the kind ``kind_of`` maps them to.
+    """
+
+    MISSING_OBJECT = "MISSING_OBJECT"  # metadata records bytes of an object the provider does not hold
+    ORPHAN_OBJECT = "ORPHAN_OBJECT"  # an object (or a folder of them) that metadata does not account for
+    SEGMENT_GAP = "SEGMENT_GAP"  # a file's segments do not follow on from each other
+    READ_FAILED = "READ_FAILED"  # the queue could not be read to be checked
     OFFSET_RANGE = "OFFSET_RANGE"  # recorded positions disagree with the files
     UNIT_UNREADABLE = "UNIT_UNREADABLE"  # consume-queue bytes missing or not whole units
     COMMIT_LOG_GAP = "COMMIT_LOG_GAP"  # bytes between two records that no unit references
@@ -252,7 +259,7 @@ def _check_unit(
         )
 
 
-# The faults a checked record may have beyond being corrupt, and the kind each is reported as.
+# The faults of a record that decodes but is not where or what its unit says; every other fault is corruption.
 _IDENTITY_KINDS = {
     Fault.QUEUE_OFFSET: ProblemKind.QUEUE_OFFSET_MISMATCH,
     Fault.PHYSICAL_OFFSET: ProblemKind.PHYSICAL_OFFSET_MISMATCH,
@@ -260,6 +267,11 @@ _IDENTITY_KINDS = {
     Fault.QUEUE_ID: ProblemKind.WRONG_QUEUE,
     Fault.TAG_HASH: ProblemKind.TAG_HASH_MISMATCH,
 }
+
+
+def kind_of(fault: Fault) -> ProblemKind:
+    """The kind of archive problem a record's fault is reported as."""
+    return _IDENTITY_KINDS.get(fault, ProblemKind.CORRUPT_RECORD)
 
 
 def _report_findings(
@@ -280,7 +292,7 @@ def _report_findings(
     except UnicodeDecodeError as exc:
         # A topic that is not text is a record the decoder refuses, not another queue's.
         findings = [Finding(Fault.LAYOUT, 0, 0, f"undecodable record: {exc}")]
-    corrupt = [f for f in findings if f.fault not in _IDENTITY_KINDS]
+    corrupt = [f for f in findings if kind_of(f.fault) is ProblemKind.CORRUPT_RECORD]
     if corrupt:
         report(
             ProblemKind.CORRUPT_RECORD,
@@ -291,7 +303,7 @@ def _report_findings(
         return False
     wrong_queue = False
     for finding in findings:
-        kind = _IDENTITY_KINDS[finding.fault]
+        kind = kind_of(finding.fault)
         if kind is ProblemKind.WRONG_QUEUE:
             if not wrong_queue:
                 queue_id = found[Fault.QUEUE_ID].found if Fault.QUEUE_ID in found else flat_file.queue_id

@@ -12,26 +12,20 @@ NotFoundError, and searches skip holes.
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
+from tieredstore.basics import BoundaryType as BoundaryType  # still importable from here
+from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import CorruptRecordError, ValidationError
-from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns, wall_clock_ms
+from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, QueueKey
+from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import Provider
 
 TimestampOf = Callable[[ConsumeQueueUnit], Awaitable[int]]
-
-
-class BoundaryType(enum.StrEnum):
-    """LOWER: the first offset stored at or after a time. UPPER: the last offset stored at or before it."""
-
-    LOWER = "LOWER"
-    UPPER = "UPPER"
 
 
 class QueueRuns(NamedTuple):
@@ -69,7 +63,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
         max_segment_size: int | None = None,
         initial_queue_offset: int = 0,
         rolling_interval_ms: int | None = None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = now_ms,
         queue: QueueKey | None = None,
     ) -> None:
         if max_segment_size is not None:

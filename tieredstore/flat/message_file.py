@@ -28,8 +28,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from tieredstore.basics import BoundaryType
 from tieredstore.errors import NotFoundError, ValidationError
-from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.queue_recovery import QueueRecovery, RecoveryResult
 from tieredstore.flat.queue_state import FlatFileSettings
 from tieredstore.flat.queue_writes import BatchRecord, PackedRecords, QueueWrites, RecordRun

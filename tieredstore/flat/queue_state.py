@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from tieredstore.basics import GIB, MIB, now_ms
 from tieredstore.errors import ReadOnlyError
-from tieredstore.flat.append_file import Clock, wall_clock_ms
+from tieredstore.flat.append_file import Clock
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import FlatConsumeQueueFile
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.providers.base import Provider
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +37,7 @@ class QueueFiles:
         position: QueuePosition,
         *,
         settings: FlatFileSettings | None = None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = now_ms,
     ) -> None:
         settings = settings or FlatFileSettings()
         rolling_interval_ms = int(settings.commit_log_rolling_interval * 1000)

@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import NotFoundError, TieredStoreError
-from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock, wall_clock_ms
+from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock
 from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult, read_view_rows
 from tieredstore.formats.naming import FileType, queue_path, validate_topic
 from tieredstore.metadata import MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import Provider
 
 log = structlog.get_logger(__name__)
-
-QueueKey = tuple[str, int]
 
 
 @dataclass(slots=True)
@@ -51,7 +50,7 @@ class FlatFileStore:
         cluster: str,
         broker: str,
         settings: FlatFileSettings | None = None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = now_ms,
     ) -> None:
         self.provider = provider
         self.metadata = metadata

@@ -24,12 +24,12 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
+from tieredstore.basics import MIB, now_ms
 from tieredstore.config import IndexSettings
 from tieredstore.errors import IntegrityError, ReadOnlyError, ValidationError
 from tieredstore.formats.index_file import key_hash
@@ -47,8 +47,6 @@ from tieredstore.index.format import CompactedHeader, IndexItem
 from tieredstore.providers.base import Provider
 
 logger = logging.getLogger(__name__)
-
-MIB = 1 << 20
 
 
 class IndexFileStatus(enum.StrEnum):
@@ -220,10 +218,6 @@ def newest_first(messages: Iterable[FoundT], max_count: int) -> list[FoundT]:
     return ordered[:max_count]
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def namespace_path(broker_index_path: str, namespace: str) -> str:
     """Where a namespace's index files live in cold storage (and its catalogue rows): ``<index path>[/<ns>]``."""
     return f"{broker_index_path}/{namespace}" if namespace else broker_index_path
@@ -247,7 +241,7 @@ class IndexService:
         catalogue: IndexCatalogue | None = None,
         settings: IndexSettings | None = None,
         upload_chunk_size: int = 8 * MIB,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = now_ms,
         read_only: bool = False,
         namespace: str = "",
     ) -> None:

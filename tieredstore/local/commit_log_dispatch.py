@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import structlog
 
+from tieredstore.basics import QueueKey
 from tieredstore.errors import ValidationError
 from tieredstore.formats.arrays import UNIT_DTYPE, gather_rows
 from tieredstore.formats.consume_queue import UNIT_SIZE, UNIT_STRUCT
@@ -57,7 +58,6 @@ from tieredstore.local.mapped_file import release_mapped_pages
 
 log = structlog.get_logger(__name__)
 
-QueueKey = tuple[str, int]
 # A run is at most this many records or bytes (or one record, however large): what one pass copies and checks.
 RUN_RECORDS = 4096
 RUN_BYTES = 4 << 20

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from tieredstore.basics import now_ms
 from tieredstore.directories import ensure_directory
 from tieredstore.errors import CorruptRecordError, IntegrityError
 from tieredstore.formats.index_file import (
@@ -386,7 +386,7 @@ class HotKeyIndex:
             return [file.path.name for file in self._files]
 
     def _new_file(self) -> _IndexFile:
-        now = int(time.time() * 1000)
+        now = now_ms()
         newest = parse_index_file_name(self._files[-1].path.name) if self._files else None
         created = max(now, newest + 1) if newest is not None else now
         file = _IndexFile.create(self.directory / index_file_name(created), self.slot_capacity, self.item_capacity)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
-from tieredstore.errors import InvalidPropertyError, InvalidQueueError, MessageTooLargeError, ValidationError
+from tieredstore.basics import check_queue_id, now_ms
+from tieredstore.errors import InvalidPropertyError, MessageTooLargeError, ValidationError
 from tieredstore.formats.checksum import body_crc
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
@@ -115,7 +115,7 @@ class StorePuts(StoreState):
         if layout is None:
             layout = self._layout_for(topic)
         if type(queue_id) is not int or not 0 <= queue_id < self._max_queues:
-            _check_queue_id(queue_id, self._max_queues)
+            check_queue_id(queue_id, self._max_queues)
         if type(body) is not bytes:
             if not isinstance(body, bytes | bytearray | memoryview):
                 raise ValidationError(f"message body must be bytes, not {type(body).__name__}")
@@ -151,7 +151,7 @@ class StorePuts(StoreState):
         body_size = len(body)
         size = layout.fixed_size + body_size + len(tail)
         crc = body_crc(body)
-        now = int(time.time() * 1000)
+        now = now_ms()
         log_ = self._commit_log
         with self._put_lock:
             if self._put_refusal is not None:
@@ -195,7 +195,7 @@ class StorePuts(StoreState):
 
     def _append_batch(self, batch: list[_Batched], total: int) -> list[PutResult]:
         """Write validated records of ``total`` bytes and their units under one put lock, reserving room once."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         log_ = self._commit_log
         with self._put_lock:
             if self._put_refusal is not None:
@@ -267,14 +267,6 @@ class StorePuts(StoreState):
         for blank_offset, blank_size in plan.blanks:
             log_.write_blank(blank_offset, blank_size)
         return plan.positions
-
-
-def _check_queue_id(queue_id: object, limit: int) -> None:
-    """Raise the InvalidQueueError that ``queue_id`` deserves, if any."""
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-        raise InvalidQueueError(f"queue id must be an integer, not {type(queue_id).__name__}")
-    if not 0 <= queue_id < limit:
-        raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
 
 
 def _encode_message_properties(

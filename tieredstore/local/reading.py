@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Literal, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
-from tieredstore.errors import CorruptRecordError, InvalidQueueError, NotFoundError, ValidationError
+from tieredstore.basics import Boundary as Boundary  # re-exported: the hot tier's readers take it from here
+from tieredstore.basics import check_queue_id
+from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import MAGIC_V1, MAGIC_V2, POS_BORN_HOST, HostAddress, MessageRecord, decode
 from tieredstore.formats.naming import validate_topic
 
-Boundary = Literal["lower", "upper"]
 # TOTALSIZE and MAGICCODE: what tells a record from zeros or a blank at an offset.
 RECORD_HEAD = struct.Struct(">iI")
 # Enough of a record to reach STORETIMESTAMP behind an IPv6 born host.
@@ -116,8 +117,7 @@ def offset_msg_id(store_host: HostAddress, commitlog_offset: int) -> str:
 def validate_queue(topic: str, queue_id: int) -> None:
     """Raise the error a (topic, queue id) to read deserves, if any."""
     validate_topic(topic)
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
-        raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
+    check_queue_id(queue_id)
 
 
 def check_not_below(topic: str, queue_id: int, queue_offset: int, min_offset: int) -> None:

@@ -10,13 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from tieredstore.errors import CorruptRecordError, InvalidQueueError, MessageTooLargeError, ValidationError
+from tieredstore.basics import check_queue_id
+from tieredstore.errors import CorruptRecordError, MessageTooLargeError, ValidationError
 from tieredstore.formats.arrays import UNIT_DTYPE
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
 from tieredstore.formats.message import POS_PHYSICAL_OFFSET, RecordFields, verify_record
+from tieredstore.formats.naming import validate_topic
 from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem, store_timestamps_of, tag_hashes_of
 from tieredstore.local.queue import ConsumeQueue
-from tieredstore.local.reading import validate_queue
 from tieredstore.local.results import PutResult
 from tieredstore.local.store_state import StoreState
 
@@ -120,10 +121,8 @@ class StoreRestore(StoreState):
         record that breaks a rule fails the whole call. ``JoinedRecords`` (records back to back in one
         buffer, as a cold commit log holds them) are taken as they are, not cut into records.
         """
-        validate_queue(topic, queue_id)
-        if queue_id >= self.config.max_queues_per_topic:
-            limit = self.config.max_queues_per_topic
-            raise InvalidQueueError(f"queue id {queue_id} is outside 0..{limit - 1} (max_queues_per_topic={limit})")
+        validate_topic(topic)
+        check_queue_id(queue_id, self.config.max_queues_per_topic)
         if self.read_only:
             raise ValidationError(f"{self.root} is open read-only; restores are refused")
         if self._closed:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from tieredstore import basics
 from tieredstore.directories import ensure_directory
 from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.message import MAGIC_V1, MAGIC_V2, RecordLayout, store_timestamp_of
@@ -214,7 +214,7 @@ class LocalMessageStore(StoreReads, StorePuts, StoreRestore, StoreRecovery):
         """
         if self.read_only:
             raise ValidationError(f"{self.root} is open read-only; nothing is deleted")
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = basics.now_ms() if now_ms is None else now_ms
         horizon = now - int(self.config.hot_retention_hours * 3_600_000)
         log_ = self._commit_log
         removed: list[str] = []

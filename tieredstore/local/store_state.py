@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from pathlib import Path
 
+from tieredstore import basics
 from tieredstore.errors import NotFoundError, StoreFullError
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import HostAddress, RecordLayout
@@ -112,7 +112,7 @@ class StoreState:
                 raise StoreFullError(
                     f"the hot store holds {held} bytes and this put adds {incoming}; hot_disk_max_bytes is {cap}"
                 )
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = basics.now_ms() if now_ms is None else now_ms
         if self._disk_full_reason is not None or not self._disk_checked_ms <= now < self._disk_ok_until:
             usage = shutil.disk_usage(self.root)
             used = (usage.total - usage.free) / usage.total if usage.total else 1.0

@@ -8,9 +8,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
+from tieredstore.basics import BoundaryType
 from tieredstore.errors import NotFoundError, SegmentNotFoundError
 from tieredstore.flat.cold_reader import ColdQueueReader
-from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.message import MessageRecord
 from tieredstore.read.archived import (
@@ -180,9 +180,8 @@ class QueueReader:
         hot = self.node.hot
         if tier != "cold" and hot is not None and self.hot_range[0] < self.hot_range[1]:
             low, high = self.hot_range
-            hot_boundary: Literal["lower", "upper"] = "lower" if boundary is BoundaryType.LOWER else "upper"
             found = await asyncio.to_thread(
-                hot.offset_for_timestamp, self.topic, self.queue_id, timestamp, hot_boundary
+                hot.offset_for_timestamp, self.topic, self.queue_id, timestamp, boundary.boundary
             )
             stamp = await asyncio.to_thread(hot.store_timestamp, self.topic, self.queue_id, min(found, high - 1))
             if _qualifies(found, high, stamp, timestamp, boundary):

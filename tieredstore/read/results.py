@@ -5,13 +5,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
+from tieredstore.basics import Boundary
 from tieredstore.errors import ValidationError
 from tieredstore.flat.served import ReadAheadBatch, Tier
 from tieredstore.formats.message import MessageRecord, decode, java_string_hash, verify_record
-
-Boundary = Literal["lower", "upper"]
 
 __all__ = [
     "Boundary",

@@ -6,11 +6,10 @@ import asyncio
 import os
 from collections.abc import Callable
 
+from tieredstore.basics import BoundaryType
 from tieredstore.config import ReadPolicy
-from tieredstore.errors import InvalidQueueError, NotFoundError
-from tieredstore.flat.consume_queue import BoundaryType
+from tieredstore.errors import NotFoundError
 from tieredstore.flat.message_file import FlatMessageFile
-from tieredstore.formats.naming import validate_topic
 from tieredstore.local.hot_reader import HotReader
 from tieredstore.read.results import Boundary, QueueOffsets, Tier
 
@@ -25,12 +24,6 @@ def physical_memory_bytes() -> int:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 0
-
-
-def validate_queue(topic: str, queue_id: int) -> None:
-    validate_topic(topic)
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
-        raise InvalidQueueError(f"queue id must be a non-negative integer, not {queue_id!r}")
 
 
 class TierRouter:
@@ -127,9 +120,7 @@ class TierRouter:
                 matches.append(found)
         if view.cold_min < view.cold_max:
             assert cold is not None
-            found = await cold.find_queue_offset(
-                timestamp, BoundaryType.LOWER if boundary == "lower" else BoundaryType.UPPER
-            )
+            found = await cold.find_queue_offset(timestamp, BoundaryType.of(boundary))
             if cold.min_offset <= found < cold.archived_offset:
                 stamp = await cold.store_timestamp_of(await cold.consume_queue.read_unit(found))
                 if (stamp >= timestamp) if boundary == "lower" else (stamp <= timestamp):

@@ -10,9 +10,9 @@ import asyncio
 import operator
 from dataclasses import dataclass
 
+from tieredstore.basics import BoundaryType
 from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat.cold_reader import ColdQueueReader, ColdReadOptions, LostRange
-from tieredstore.flat.consume_queue import BoundaryType
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.served import ReadAheadBatch
 from tieredstore.formats.message import same_but_physical_offset

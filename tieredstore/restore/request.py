@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tieredstore.basics import MIB
 from tieredstore.errors import ValidationError
 from tieredstore.read.records import iso
 
-MIB = 1 << 20
 # A batch also ends where the cold storage object holding it does (an S3 chunk, one GET whole), so this
 # cap and ``batch_bytes`` bound batches read from a file system.
 DEFAULT_BATCH_MESSAGES = 16384

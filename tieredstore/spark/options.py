@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tieredstore.basics import MIB
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import validate_topic
 from tieredstore.metadata.engine import parse_url, safe_url
 from tieredstore.providers.registry import redact_url, url_scheme
 
-MIB = 1 << 20
 DEFAULT_MAX_PARTITION_BYTES = 128 * MIB
 DEFAULT_READ_BLOCK_BYTES = 16 * MIB
 DEFAULT_BATCH_ROWS = 8192
