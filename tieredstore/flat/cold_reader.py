@@ -59,10 +59,10 @@ CACHE_BYPASS_RATIO = 0.8
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
 # While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
-# (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
-_PREFETCH_YIELD_INTERVAL = 0.001
-# How long such a turn gives the GIL to worker threads reading prefetches (seconds): short beside serving.
-_GIL_HANDOFF = 50e-6
+# (seconds): each turn's poll of the selector lets go of the GIL, which a worker thread reading a prefetch needs
+# after each piece of its response, far sooner than the interpreter's switch interval would hand it over;
+# rarely enough that the turns cost little beside serving.
+_PREFETCH_YIELD_INTERVAL = 0.00025
 
 
 @dataclass(slots=True)
@@ -108,7 +108,6 @@ class ColdReadOptions:
     window_count: int  # records a window holds at most
     window_bytes: int  # bytes a window holds at most (never below one record)
     ttl: float = 15.0  # windows read ahead that nobody came for within this many seconds are dropped
-    handoff: float = 0.0  # seconds a reader waits after starting a prefetch, for its read to be sent
     # False for a reader that checks every record in full itself: records are only located (``located_window``)
     check_records: bool = True
 
@@ -158,6 +157,9 @@ class PrefetchPool:
         self.prefetch_bytes = 0
         self.pending_bytes = 0  # windows being read by their readers that have started one ahead, until cached
         self.in_flight = 0  # prefetches still reading
+        self.unstarted: set[asyncio.Task[ReadAheadBatch | None]] = set()  # prefetches yet to send their read
+        self.all_started = asyncio.Event()  # set while ``unstarted`` is empty
+        self.all_started.set()
         self.last_yield = 0.0  # when a reader last gave the event loop a turn for them (time.monotonic)
         self.closed = False
 
@@ -190,18 +192,41 @@ class PrefetchPool:
         Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
         providers read in worker threads, which need the GIL after each piece of a response arrives, and a
         thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
-        it over now.
+        it over at the switch interval only: the turn's poll of the selector releases it.
         """
         if not self.in_flight:
             return
         now = time.monotonic()
         if now - self.last_yield >= _PREFETCH_YIELD_INTERVAL:
             self.last_yield = now
-            time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop briefly on purpose, to release the GIL
             await asyncio.sleep(0)
+
+    async def until_started(self) -> None:
+        """Give the event loop turns until every prefetch started has sent its read.
+
+        A task created runs only once its creator gives the loop a turn, up to its first wait, which is
+        its read handed to storage (a worker thread, or the loop's I/O); a read that completes at once
+        (the memory provider) may start the next window's prefetch in that same turn, waited for too.
+        """
+        while self.unstarted:  # one that began may have started another before this waiter woke
+            await self.all_started.wait()
+
+    def starting(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
+        """Count ``task``, a prefetch just created, until it begins (``begin``) or ends."""
+        self.in_flight += 1
+        self.unstarted.add(task)
+        self.all_started.clear()
+        task.add_done_callback(self.done)
+
+    def begin(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
+        """Called by a prefetch as its read starts."""
+        self.unstarted.discard(task)
+        if not self.unstarted:
+            self.all_started.set()
 
     def done(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
         self.in_flight -= 1
+        self.begin(task)  # for one cancelled before it ran
         if not task.cancelled() and task.exception() is not None:
             # Seen here so that it is never reported as lost: its reader gets it from the task, or reads again.
             log.debug("prefetch failed; its reader will get the error", error=str(task.exception()))
@@ -367,13 +392,9 @@ class ColdQueueReader:
         return batch
 
     async def _hand_off(self) -> None:
-        """Let a prefetch just started send its request now, not when the window in hand has been served.
-
-        One loop turn runs its task up to handing the read to a worker thread, and the wait lets that
-        thread take the GIL and send (serving or checking a window holds the GIL; the thread would wait
-        until that is done).
-        """
-        await asyncio.sleep(self.options.handoff)
+        """Let a prefetch just started send its read now, not when the window in hand has been served."""
+        if self.pool is not None:
+            await self.pool.until_started()
 
     async def _read_records(
         self,
@@ -441,8 +462,7 @@ class ColdQueueReader:
             return False
         prefetch = _Prefetch(after, expected_bytes, now, run_end)
         prefetch.task = asyncio.create_task(self._prefetch(flat_file, prefetch))
-        pool.in_flight += 1
-        prefetch.task.add_done_callback(pool.done)
+        pool.starting(prefetch.task)
         self.prefetches.append(prefetch)
         pool.ahead[self.key] = self
         pool.prefetch_bytes += expected_bytes
@@ -450,6 +470,8 @@ class ColdQueueReader:
 
     async def _prefetch(self, flat_file: FlatMessageFile, prefetch: _Prefetch) -> ReadAheadBatch | None:
         """A prefetched window's read; once it is split, the window after it is read ahead in turn."""
+        assert self.pool is not None  # only a reader with a pool reads ahead
+        self.pool.begin(prefetch.task)
 
         def split(after: FollowPoint, _size: int) -> bool:
             prefetch.after = after
