@@ -573,7 +573,7 @@ class S3Provider(ChunkedProvider):
             aws_session_token=options.session_token,
             config=botocore.config.Config(**self._config_arguments()),
         )
-        ask_for_receive_buffer(client, options.receive_buffer_bytes)
+        ask_for_receive_buffer(client)
         client.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
         client.meta.events.register("before-send.s3.GetObject", capture_sent_url)
         client.meta.events.register("before-send.s3.PutObject", capture_sent_url)
