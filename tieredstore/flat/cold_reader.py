@@ -59,9 +59,8 @@ CACHE_BYPASS_RATIO = 0.8
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
 # While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
-# (seconds): each turn's poll of the selector lets go of the GIL, which a worker thread reading a prefetch needs
-# after each piece of its response, far sooner than the interpreter's switch interval would hand it over;
-# rarely enough that the turns cost little beside serving.
+# (seconds): each turn's selector poll lets go of the GIL, which a worker thread reading a prefetch needs after
+# each piece of its response, far sooner than the switch interval would; rarely enough to cost little.
 _PREFETCH_YIELD_INTERVAL = 0.00025
 
 
@@ -191,8 +190,8 @@ class PrefetchPool:
 
         Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
         providers read in worker threads, which need the GIL after each piece of a response arrives, and a
-        thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
-        it over at the switch interval only: the turn's poll of the selector releases it.
+        thread holding it (a reader, serving) gives it up only every switch interval; the turn's poll of the
+        selector releases it at once.
         """
         if not self.in_flight:
             return
@@ -202,24 +201,12 @@ class PrefetchPool:
             await asyncio.sleep(0)
 
     async def until_started(self) -> None:
-        """Give the event loop turns until every prefetch started has sent its read.
-
-        A task created runs only once its creator gives the loop a turn, up to its first wait, which is
-        its read handed to storage (a worker thread, or the loop's I/O); a read that completes at once
-        (the memory provider) may start the next window's prefetch in that same turn, waited for too.
-        """
+        """Until every prefetch started has run up to its first wait: its read, handed to storage (a prefetch
+        whose read completes at once may start the next one in the same turn, which is waited for too)."""
         while self.unstarted:  # one that began may have started another before this waiter woke
             await self.all_started.wait()
 
-    def starting(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
-        """Count ``task``, a prefetch just created, until it begins (``begin``) or ends."""
-        self.in_flight += 1
-        self.unstarted.add(task)
-        self.all_started.clear()
-        task.add_done_callback(self.done)
-
     def begin(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
-        """Called by a prefetch as its read starts."""
         self.unstarted.discard(task)
         if not self.unstarted:
             self.all_started.set()
@@ -385,16 +372,11 @@ class ColdQueueReader:
             after, expected = (
                 (ahead[-1].after, ahead[-1].reserved_bytes) if ahead else (follow_after(batch), len(batch.data))
             )
-            if after is not None and self._read_ahead(flat_file, after, run_end, expected):
-                await self._hand_off()
+            if after is not None and self._read_ahead(flat_file, after, run_end, expected) and pool is not None:
+                await pool.until_started()  # its read is sent now, not once the window in hand has been served
         if not bypass:
             self.window_end = batch.end_offset
         return batch
-
-    async def _hand_off(self) -> None:
-        """Let a prefetch just started send its read now, not when the window in hand has been served."""
-        if self.pool is not None:
-            await self.pool.until_started()
 
     async def _read_records(
         self,
@@ -423,8 +405,8 @@ class ColdQueueReader:
         check = check_window if self.options.check_records else located_window
 
         async def split_done(after: FollowPoint, size: int) -> None:
-            if on_split is not None and on_split(after, size):
-                await self._hand_off()
+            if on_split is not None and on_split(after, size) and self.pool is not None:
+                await self.pool.until_started()
 
         batch = None
         if follow is not None and follow.offset == offset:
@@ -462,7 +444,10 @@ class ColdQueueReader:
             return False
         prefetch = _Prefetch(after, expected_bytes, now, run_end)
         prefetch.task = asyncio.create_task(self._prefetch(flat_file, prefetch))
-        pool.starting(prefetch.task)
+        pool.in_flight += 1
+        pool.unstarted.add(prefetch.task)
+        pool.all_started.clear()
+        prefetch.task.add_done_callback(pool.done)
         self.prefetches.append(prefetch)
         pool.ahead[self.key] = self
         pool.prefetch_bytes += expected_bytes
