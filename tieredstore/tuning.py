@@ -111,8 +111,8 @@ def receive_buffer_granted(size: int) -> bool:
         return False  # not Linux, or not readable here: leave the buffer to the kernel
 
 
-def receive_buffer_socket_options(size: int = RECEIVE_BUFFER_BYTES) -> list[tuple[int, int, int]]:
-    """The socket options of a connection that reads objects of up to ``size`` bytes: none unless granted whole."""
-    if size <= 0 or not receive_buffer_granted(size):
+def receive_buffer_socket_options() -> list[tuple[int, int, int]]:
+    """The socket options of a connection that GETs objects: none unless the kernel grants the buffer whole."""
+    if not receive_buffer_granted(RECEIVE_BUFFER_BYTES):
         return []
-    return [(socket.SOL_SOCKET, socket.SO_RCVBUF, size)]
+    return [(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)]
