@@ -14,6 +14,7 @@ from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.paths import check_logical_path
 from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_conditional_writes, check_storage_class
+from tieredstore.tuning import receive_buffer_granted as receive_buffer_granted  # its earlier home
 from tieredstore.tuning import receive_buffer_socket_options
 
 log = logging.getLogger(__name__)
