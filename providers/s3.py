@@ -14,9 +14,10 @@ place, ``translate_s3_errors``, with its cause chained.
 socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
 SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
 GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
-piece (7.6 against 16 ms, measured on moto). Once the sync client has made a GET or a PUT, later ones
-are signed and sent with its parts but without its per-call machinery (``s3_direct``: half the CPU
-of a GET again), answering as the client would. Listings and deletes go through the aiobotocore
+piece (7.6 against 16 ms, measured on moto). How each GET and PUT is made is one transport's
+(``s3_transport``): once the sync client has made one, later ones are signed and sent with its parts
+but without its per-call machinery (``s3_direct``), answering as the client would, with the client
+as their fallback. Listings and deletes go through the aiobotocore
 client on the event loop. Both clients share one configuration, and the retries and error translation below.
 
 Integrity is checked end to end: every PUT carries a CRC32 of its body (``x-amz-checksum-crc32``,
@@ -37,12 +38,10 @@ use one provider per event loop, and ``await provider.close()`` in that loop (it
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import aiohttp
@@ -52,7 +51,6 @@ import botocore.exceptions
 import botocore.session
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
-from botocore.httpchecksum import StreamingChecksumBody
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
 
@@ -63,12 +61,21 @@ from tieredstore.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from tieredstore.formats.checksum import crc32
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
 from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
-from tieredstore.providers.s3_direct import DirectRequests, DirectRequestUnusable, capture_sent_url, last_sent_url
+from tieredstore.providers.s3_direct import capture_sent_url
 from tieredstore.providers.s3_options import S3Options, ask_for_receive_buffer, parse_s3_url
+from tieredstore.providers.s3_transport import (
+    FallbackTransport,
+    ask_for_checksums,
+    check_response_checksum,
+    checksum_arguments,
+    client_error_code,
+    crc32_base64,
+)
+
+__all__ = ["S3ObjectStore", "S3Options", "S3Provider", "check_response_checksum", "translate_s3_errors"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,7 +111,6 @@ _RETRYABLE_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
-_RANGE_CODES = frozenset({"InvalidRange", "416"})
 # Retrying these is safe: the request never reached S3 or its outcome is resolved by the 412 check.
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,
@@ -115,74 +121,6 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     ConnectionError,
 )
-
-
-def _crc32(data: bytes | bytearray) -> str:
-    return base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")
-
-
-def _sha1(data: bytes | bytearray) -> str:
-    return base64.b64encode(hashlib.sha1(data, usedforsecurity=False).digest()).decode("ascii")
-
-
-def _sha256(data: bytes | bytearray) -> str:
-    return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
-
-
-# The stored checksums a GET can verify without optional native code, as botocore verifies them; others
-# (CRC32C, CRC64NVME) are skipped as botocore skips them without awscrt.
-_RESPONSE_CHECKSUMS: tuple[tuple[str, Callable[[bytes | bytearray], str]], ...] = (
-    ("ChecksumCRC32", _crc32),
-    ("ChecksumSHA256", _sha256),
-    ("ChecksumSHA1", _sha1),
-)
-
-
-_CHECKSUM_HEADERS = tuple((name, f"x-amz-checksum-{name[8:].lower()}") for name, _ in _RESPONSE_CHECKSUMS)
-
-
-def _stored_checksum(response: Mapping[str, Any]) -> tuple[str, Callable[[bytes | bytearray], str], str] | None:
-    """(name, digest, value) of the full-object checksum S3 returned that we can compute, if any.
-
-    S3 returns a checksum only when the bytes asked for are the whole object (or part) it was stored with;
-    a composite checksum (``...-N``) describes parts, not these bytes, and is skipped.
-    """
-    for name, function in _RESPONSE_CHECKSUMS:
-        expected = response.get(name)
-        if expected and "-" not in expected:
-            return name, function, expected
-    return None
-
-
-def _checksum_mismatch(name: str, what: str) -> StorageUnavailableError:
-    # Damaged on the way: StorageUnavailableError, so the read is retried.
-    return StorageUnavailableError(f"{what}: the bytes received do not match their stored {name[8:]} checksum")
-
-
-def _check_received(data: bytes, response: Mapping[str, Any], what: str, *, checked: bool = False) -> None:
-    """Raise StorageUnavailableError unless ``data`` is as long as the response said and matches its
-    stored checksum (``checked``: botocore compared it already as it read)."""
-    expected = response.get("ContentLength")
-    if expected is not None and len(data) != expected:
-        raise StorageUnavailableError(f"{what}: {len(data)} bytes received of {expected}")
-    if not checked:
-        check_response_checksum(response, data, what)
-
-
-def _header_fields(headers: Mapping[str, str]) -> dict[str, Any]:
-    """A direct GET's response headers as the fields ``_check_received`` reads from a client's answer."""
-    fields: dict[str, Any] = {name: headers.get(header) for name, header in _CHECKSUM_HEADERS}
-    length = headers.get("content-length")
-    if length is not None:
-        fields["ContentLength"] = int(length)
-    return fields
-
-
-def check_response_checksum(response: Mapping[str, Any], data: bytes, what: str) -> None:
-    """Compare ``data`` with the full-object checksum S3 returned beside it, if it returned one we can compute."""
-    stored = _stored_checksum(response)
-    if stored is not None and stored[1](data) != stored[2]:
-        raise _checksum_mismatch(stored[0], what)
 
 
 _SESSIONS = threading.local()
@@ -212,13 +150,6 @@ class _PreconditionFailed(Exception):
     """The conditional create found an object there; handled inside this module only."""
 
 
-def _error_code(error: botocore.exceptions.ClientError) -> tuple[str, int]:
-    response = cast(Mapping[str, Any], error.response)
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return code, status
-
-
 @contextlib.contextmanager
 def translate_s3_errors(what: str) -> Iterator[None]:
     """Map botocore/aiohttp failures to the tieredstore.errors tree, cause chained; ``what`` names the call."""
@@ -227,7 +158,7 @@ def translate_s3_errors(what: str) -> Iterator[None]:
     except StorageError:
         raise
     except botocore.exceptions.ClientError as error:
-        code, status = _error_code(error)
+        code, status = client_error_code(error)
         detail = f"{what}: {code or 'error'} (HTTP {status})"
         if code in _PRECONDITION_CODES or status == 412:
             raise _PreconditionFailed(detail) from error
@@ -255,9 +186,8 @@ class S3ObjectStore(ObjectStore):
         self._prefix = provider.prefix
         self._options = provider.options
         self.conditional_create = provider.options.conditional_writes == "required"
-        self._direct: DirectRequests | None = None  # learned from the client's first GET or PUT (s3_direct)
-        self._learn_direct = True
-        self.direct_requests = 0  # GETs and PUTs sent without a client call (s3_direct), answered or not
+        # How each GET and PUT goes: direct once learned from a client call, else the client's (s3_transport).
+        self.transport = FallbackTransport(self._bucket, provider.credentials)
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}/{key}" if self._prefix else key
@@ -362,37 +292,9 @@ class S3ObjectStore(ObjectStore):
         def get(client: Any) -> bytes:
             # In a worker thread, on the sync client: its socket reads and our checksum run without the
             # GIL, where aiohttp would hand a body to the event loop piece by piece (twice the CPU). The
-            # sync client asks S3 for the stored checksum itself (_ask_for_checksums), so that botocore
+            # sync client asks S3 for the stored checksum itself (ask_for_checksums), so that botocore
             # leaves the body alone and ours (zlib-ng's CRC-32, ~17x binascii's on 4 MiB) checks it.
-            # Once the client has made a request, the next ones skip its per-call machinery (s3_direct).
-            direct, unusable = self._direct, None
-            if direct is not None:
-                self.direct_requests += 1
-                try:
-                    answer = direct.get(full, start, length)
-                except DirectRequestUnusable as error:
-                    unusable = error
-                else:
-                    if answer is None:
-                        return b""  # the object ends before ``start``
-                    data, headers = answer
-                    _check_received(data, _header_fields(headers), what)
-                    return data
-            try:
-                response = client.get_object(Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
-            except botocore.exceptions.ClientError as error:
-                if _error_code(error)[0] in _RANGE_CODES:
-                    return b""  # the object ends before ``start``
-                raise
-            with contextlib.closing(response["Body"]) as body:
-                try:
-                    data = cast(bytes, body.read())
-                except botocore.exceptions.FlexibleChecksumError as error:
-                    stored = _stored_checksum(response)
-                    raise _checksum_mismatch(stored[0] if stored else "Checksum", what) from error
-            _check_received(data, response, what, checked=isinstance(body, StreamingChecksumBody))
-            self._client_succeeded(client, full, unusable)
-            return data
+            return self.transport.get_range(client, full, start, length, what)
 
         return await self._call_in_thread(what, get)
 
@@ -419,37 +321,14 @@ class S3ObjectStore(ObjectStore):
         plain http, the SigV4 payload hash are computed there, off the event loop, as the body is sent."""
         # How the object is stored: server-side encryption and the storage class of its segment type.
         stored_as = {**self._options.encryption_arguments(), **self._options.storage_class_arguments(file_type)}
-        arguments = {"Bucket": self._bucket, "Key": full, **conditions, **stored_as}
         checksum: list[str] = []  # computed on the first attempt, reused by retries
 
         def put(client: Any) -> None:
             if not checksum:
-                checksum.append(_crc32(data))
-            direct, unusable = self._direct, None
-            if direct is not None:
-                self.direct_requests += 1
-                headers = _put_headers({**conditions, **stored_as, **_checksum_arguments(checksum[0])})
-                try:
-                    direct.put(full, data, headers)
-                except DirectRequestUnusable as error:
-                    unusable = error
-                else:
-                    return
-            client.put_object(Body=data, **arguments, **_checksum_arguments(checksum[0]))
-            self._client_succeeded(client, full, unusable)
+                checksum.append(crc32_base64(data))
+            self.transport.put(client, full, data, {**conditions, **stored_as, **checksum_arguments(checksum[0])})
 
         await self._call_in_thread(what, put)
-
-    def _client_succeeded(self, client: Any, full: str, unusable: DirectRequestUnusable | None) -> None:
-        """After a successful client GET or PUT of ``full`` in this thread: learn from the first one to do
-        without the client; after one that a direct request could not make (``unusable``), stop trying."""
-        if unusable is not None:
-            if self._direct is not None:
-                log.info("S3 requests go through the client again after %s from %s", unusable, self._where(full))
-            self._direct, self._learn_direct = None, False
-        elif self._learn_direct:
-            self._learn_direct = False
-            self._direct = DirectRequests.learn(client, self._provider.credentials(), full, last_sent_url())
 
     async def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -461,38 +340,8 @@ class S3ObjectStore(ObjectStore):
             await self._call(f"delete {self._where(full)}", delete)
 
     async def close(self) -> None:
-        self._direct, self._learn_direct = None, True  # it sends on the client closed here: learn anew
+        self.transport.forget()  # its direct path sends on the client closed here: learn anew
         await self._provider.close_client()
-
-
-def _ask_for_checksums(request: Any, **_: Any) -> None:
-    """Have S3 return an object's stored checksums with a GET (``x-amz-checksum-mode``, signed with the rest).
-
-    Sent as a header rather than as ``ChecksumMode``, which would also make botocore wrap the body and
-    compute the CRC itself, with ``binascii`` at ~1.2 ms per 4 MiB chunk; ``check_response_checksum``
-    then does it with ours.
-    """
-    request.headers["x-amz-checksum-mode"] = "ENABLED"
-
-
-# The PutObject arguments we pass, as the headers botocore sends them in (a direct PUT sends them itself).
-_PUT_HEADERS = {
-    "IfNoneMatch": "If-None-Match",
-    "ServerSideEncryption": "x-amz-server-side-encryption",
-    "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
-    "StorageClass": "x-amz-storage-class",
-    "ChecksumAlgorithm": "x-amz-sdk-checksum-algorithm",
-    "ChecksumCRC32": "x-amz-checksum-crc32",
-}
-
-
-def _put_headers(arguments: Mapping[str, str]) -> dict[str, str]:
-    return {_PUT_HEADERS[name]: value for name, value in arguments.items()}
-
-
-def _checksum_arguments(crc32: str) -> dict[str, str]:
-    """PutObject arguments that send our CRC32 for S3 to verify and store (so later GETs can be checked)."""
-    return {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": crc32}
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -573,8 +422,8 @@ class S3Provider(ChunkedProvider):
             aws_session_token=options.session_token,
             config=botocore.config.Config(**self._config_arguments()),
         )
-        ask_for_receive_buffer(client, options.receive_buffer_bytes)
-        client.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
+        ask_for_receive_buffer(client)
+        client.meta.events.register("before-sign.s3.GetObject", ask_for_checksums)
         client.meta.events.register("before-send.s3.GetObject", capture_sent_url)
         client.meta.events.register("before-send.s3.PutObject", capture_sent_url)
         return client

@@ -4,10 +4,9 @@ connections, apart from the provider that uses them."""
 from __future__ import annotations
 
 import dataclasses
-import socket
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -15,7 +14,10 @@ from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.paths import check_logical_path
 from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_conditional_writes, check_storage_class
+from tieredstore.tuning import receive_buffer_granted as receive_buffer_granted  # its earlier home
+from tieredstore.tuning import receive_buffer_socket_options
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 AddressingStyle = Literal["auto", "path", "virtual"]
@@ -32,13 +34,16 @@ _OPTION_QUERY_KEYS = frozenset(
         "connect_timeout",
         "read_timeout",
         "max_pool_connections",
-        "receive_buffer_bytes",
         "conditional_writes",
         "storage_class",
         "index_storage_class",
     }
 )
-_RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
+# URL parameters of older versions, still accepted (and ignored, with a warning) so that their URLs work.
+_REMOVED_QUERY_KEYS = {
+    "receive_buffer_bytes": "GET connections ask for the buffer a chunk needs where the kernel grants it",
+}
+_warned_removed: set[str] = set()
 _CREDENTIAL_QUERY_KEYS = frozenset(
     {"access_key_id", "secret_access_key", "session_token", "aws_access_key_id", "aws_secret_access_key"}
 )
@@ -52,9 +57,6 @@ class S3Options:
     it wait for a free connection. It should cover every call in flight at once on one provider, which in
     a runtime is the archiver's pending commits and the readers' fetches together, so the default is 32
     rather than botocore's 10; connections are opened only as calls need them.
-
-    ``receive_buffer_bytes`` is the socket receive buffer the GET connections ask for (0: the kernel sizes
-    it; see ``ask_for_receive_buffer``).
 
     ``conditional_writes``, ``storage_class`` and ``index_storage_class``: see ``s3_choices``.
     """
@@ -74,7 +76,6 @@ class S3Options:
     retry_max_delay: float = 5.0
     list_page_size: int = 1000
     max_pool_connections: int = 32
-    receive_buffer_bytes: int = 4 << 20
     conditional_writes: ConditionalWrites = "required"
     storage_class: str = STANDARD
     index_storage_class: str = STANDARD
@@ -94,8 +95,6 @@ class S3Options:
             raise ConfigError("connect_timeout and read_timeout must be positive")
         if self.max_pool_connections < 1:
             raise ConfigError(f"max_pool_connections must be at least 1, not {self.max_pool_connections}")
-        if self.receive_buffer_bytes < 0:
-            raise ConfigError(f"receive_buffer_bytes must be 0 (the kernel's) or more, not {self.receive_buffer_bytes}")
         if not 1 <= self.list_page_size <= 1000:
             raise ConfigError(f"list_page_size must be within 1..1000, not {self.list_page_size}")
         check_conditional_writes(self.conditional_writes)
@@ -112,10 +111,13 @@ class S3Options:
         for name, value in parse_qsl(query, keep_blank_values=True):
             if name in _CREDENTIAL_QUERY_KEYS:
                 raise ConfigError(f"credentials must not be given in the URL (query parameter {name!r})")
+            if name in _REMOVED_QUERY_KEYS:
+                _warn_removed(name)
+                continue
             if name not in _OPTION_QUERY_KEYS:
                 raise ConfigError(f"unknown S3 URL parameter {name!r}; known: {sorted(_OPTION_QUERY_KEYS)}")
             values[name] = value
-        for name in ("max_attempts", "max_pool_connections", "receive_buffer_bytes"):
+        for name in ("max_attempts", "max_pool_connections"):
             if name in values:
                 values[name] = _parse_number(name, values[name], int)
         for name in ("connect_timeout", "read_timeout"):
@@ -146,34 +148,29 @@ class S3Options:
         return arguments
 
 
-def receive_buffer_granted(size: int) -> bool:
-    """Whether the kernel gives a socket a receive buffer of ``size`` bytes whole (Linux: ``net.core.rmem_max``)."""
-    try:
-        return int(_RMEM_MAX.read_text(encoding="ascii")) >= size
-    except (OSError, ValueError):
-        return False  # not Linux, or not readable here: leave the buffer to the kernel
+def _warn_removed(name: str) -> None:
+    if name not in _warned_removed:
+        _warned_removed.add(name)
+        log.warning("S3 URL parameter %s is no longer a setting and is ignored: %s", name, _REMOVED_QUERY_KEYS[name])
 
 
-def ask_for_receive_buffer(client: Any, size: int) -> bool:
-    """Have the new connections of a botocore client ask for a ``size``-byte socket receive buffer; whether
-    they will.
+def ask_for_receive_buffer(client: Any) -> bool:
+    """Have the new connections of a botocore client ask for the receive buffer a GET needs; whether they will.
 
     A GET's worker thread takes the GIL for each piece of the response it reads off the socket. Beside a
     reader serving from the cache it waits for the GIL, and while it waits, the kernel's receive buffer
-    fills and the server stops sending: with the buffer the kernel sizes itself, 128 KiB on a new
-    connection growing only as fast as the thread drains it, a GET of a 3.6 MB window took 8.0 ms beside
-    the reader and 6.5 ms alone; with 4 MiB, 6.4 and 5.4 (BENCHMARKS.md, ``cold_read_s3``). Asked only
-    where the kernel grants the whole size: a socket given SO_RCVBUF is no longer autotuned and gets at
-    most ``rmem_max``, which is 208 KiB on a stock Linux, so asking there would make the buffer smaller.
-    The client's HTTP session keeps its socket options in a list that its connection pools share
-    (botocore's ``URLLib3Session``); the option is added to it.
+    fills and the server stops sending: a buffer that holds a whole chunk keeps the transfer going
+    (``tieredstore.tuning.receive_buffer_socket_options`` says when the kernel grants one). The client's
+    HTTP session keeps its socket options in a list that its connection pools share (botocore's
+    ``URLLib3Session``); the option is added to it.
     """
-    if size <= 0 or not receive_buffer_granted(size):
+    wanted = receive_buffer_socket_options()
+    if not wanted:
         return False
     options = getattr(getattr(getattr(client, "_endpoint", None), "http_session", None), "_socket_options", None)
     if not isinstance(options, list):
         return False  # a botocore whose session keeps them otherwise: the kernel's buffer, as before
-    options.append((socket.SOL_SOCKET, socket.SO_RCVBUF, size))
+    options.extend(wanted)
     return True
 
 

@@ -11,7 +11,7 @@ import enum
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pydantic
 import structlog
@@ -33,8 +33,8 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_DATA_DIR = Path("tieredstore-data")
 CONFIG_ENV = "TIEREDSTORE_CONFIG"
-# A [segments] key of older versions, still accepted (and ignored) so that their config files load.
-REMOVED_ROLLING_MIN_SIZE = "commit_log_rolling_min_size"
+# Removed keys already warned about: a process loads its configuration more than once (CLI, Spark tasks).
+_warned_removed: set[str] = set()
 
 
 class ReadPolicy(enum.StrEnum):
@@ -48,10 +48,31 @@ class ReadPolicy(enum.StrEnum):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # The section's name in TOML, and the keys of older versions with why each went: a file or variable that
+    # still sets one loads, the key is ignored and a warning says so once, instead of the deployment failing.
+    section: ClassVar[str]
+    removed_keys: ClassVar[dict[str, str]] = {}
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_removed_keys(cls, values: Any) -> Any:
+        if not isinstance(values, dict) or not cls.removed_keys.keys() & values.keys():
+            return values
+        for key in sorted(cls.removed_keys.keys() & values.keys()):
+            name = f"{cls.section}.{key}"
+            if name not in _warned_removed:
+                _warned_removed.add(name)
+                log.warning(f"{name} is ignored and can be removed, it is no longer a setting: {cls.removed_keys[key]}")
+        return {k: v for k, v in values.items() if k not in cls.removed_keys}
 
 
 class S3Settings(_Section):
     """Connection to S3 or an S3-compatible service; credentials are secrets and never printed."""
+
+    section: ClassVar[str] = "s3"
+    removed_keys: ClassVar[dict[str, str]] = {
+        "receive_buffer_bytes": "GET connections ask for the receive buffer a chunk needs where the kernel grants it",
+    }
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -64,8 +85,6 @@ class S3Settings(_Section):
     max_attempts: int = Field(default=5, ge=1, le=50)
     # Connections one provider may hold open: cover the archiver's max_pending_commits plus concurrent readers.
     max_pool_connections: int = Field(default=32, ge=1, le=1024)
-    # The socket receive buffer GET connections ask for, where the kernel grants it whole (0: its own).
-    receive_buffer_bytes: int = Field(default=4 * MIB, ge=0)
     conditional_writes: ConditionalWrites = Field(
         default="required",
         description="required: check once before archiving that the endpoint refuses a second If-None-Match "
@@ -88,6 +107,8 @@ class S3Settings(_Section):
 
 class HotSettings(_Section):
     """The local hot store."""
+
+    section: ClassVar[str] = "hot"
 
     commit_log_file_size: int = Field(default=GIB, ge=4096)
     consume_queue_units_per_file: int = Field(default=300_000, ge=1)
@@ -114,6 +135,12 @@ class HotSettings(_Section):
 class SegmentSettings(_Section):
     """Cold segments: sizes and rolling by time."""
 
+    section: ClassVar[str] = "segments"
+    removed_keys: ClassVar[dict[str, str]] = {
+        "commit_log_rolling_min_size": "segments roll by time whatever their size, so that retention removes "
+        "a quiet queue's data too",
+    }
+
     commit_log_max_size: int = Field(default=GIB, ge=4096)
     consume_queue_max_size: int = Field(default=100 * MIB, ge=20)
     commit_log_rolling_interval: float = Field(
@@ -123,35 +150,20 @@ class SegmentSettings(_Section):
         "their size: cold data is gone at most its topic's retention plus this after it was stored",
     )
 
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _drop_rolling_min_size(cls, values: Any) -> Any:
-        # Older config files set it; a minimum size kept quiet queues from ever expiring, so it is gone.
-        if isinstance(values, dict) and REMOVED_ROLLING_MIN_SIZE in values:
-            values = {k: v for k, v in values.items() if k != REMOVED_ROLLING_MIN_SIZE}
-            log.warning(
-                f"segments.{REMOVED_ROLLING_MIN_SIZE} is ignored and can be removed: segments roll by time "
-                "whatever their size, so that retention removes a quiet queue's data too"
-            )
-        return values
-
 
 class ArchiverSettings(_Section):
     """The dispatcher's group commit and concurrency."""
+
+    section: ClassVar[str] = "archiver"
+    removed_keys: ClassVar[dict[str, str]] = {
+        "unmap_hot_reads": "batch reads always unmap the hot pages they copy, which bounds the archiver's memory",
+        "tune_allocator": "tieredstore run always tunes glibc's allocator, except where a MALLOC_* variable is set",
+    }
 
     group_commit_timeout: float = Field(default=30.0, ge=0, description="seconds")
     group_commit_count: int = Field(default=4096, ge=1)
     group_commit_size: int = Field(default=4 * MIB, ge=1)
     max_pending_commits: int = Field(default=8, ge=1)
-    unmap_hot_reads: bool = Field(
-        default=True,
-        description="unmap the hot pages a batch was copied from as it is copied: a bounded RSS, for minor faults",
-    )
-    tune_allocator: bool = Field(
-        default=True,
-        description="tieredstore run keeps batch-sized blocks in glibc's heap over 2 arenas "
-        "(tieredstore.allocator): less CPU a message, same RSS",
-    )
     scan_interval: float = Field(default=1.0, gt=0, description="seconds between scans of idle queues")
     start_from: str = Field(default="earliest", description="earliest | latest | an epoch-ms timestamp")
     shutdown_timeout: float = Field(default=30.0, gt=0)
@@ -234,6 +246,11 @@ class ArchiverSettings(_Section):
 class ReadSettings(_Section):
     """The fetcher and its read-ahead cache."""
 
+    section: ClassVar[str] = "read"
+    removed_keys: ClassVar[dict[str, str]] = {
+        "prefetch_handoff": "a reader that starts a prefetch gives its read a turn of the event loop to start",
+    }
+
     read_policy: ReadPolicy = ReadPolicy.NOT_IN_DISK
     read_ahead_count: int = Field(default=4096, ge=1)
     read_ahead_size: int = Field(default=16 * MIB, ge=1)
@@ -248,20 +265,12 @@ class ReadSettings(_Section):
             "consumer groups that read the same queues at about the same time"
         ),
     )
-    prefetch_handoff: float = Field(
-        default=0.001,
-        ge=0,
-        le=0.1,
-        description=(
-            "seconds a reader that has just started a prefetch lets the event loop wait, so the provider's worker "
-            "thread gets the GIL and sends its request before the reader is served from the window it has "
-            "(0: one loop turn only)"
-        ),
-    )
 
 
 class IndexSettings(_Section):
     """The key index."""
+
+    section: ClassVar[str] = "index"
 
     index_max_items: int = Field(default=20_000_000, ge=1)
     index_slot_count: int = Field(default=5_000_000, ge=1)
@@ -354,7 +363,6 @@ class TieredStoreConfig(BaseSettings):
             "sse_kms_key_id": s3.sse_kms_key_id,
             "max_attempts": s3.max_attempts,
             "max_pool_connections": s3.max_pool_connections,
-            "receive_buffer_bytes": s3.receive_buffer_bytes,
             "conditional_writes": s3.conditional_writes,
             "storage_class": s3.storage_class,
             "index_storage_class": s3.index_storage_class,

@@ -765,7 +765,7 @@ class Dispatcher:
             start,
             max_count=min(settings.group_commit_count, durable - start),
             max_bytes=settings.group_commit_size,
-            unmap=settings.unmap_hot_reads,
+            unmap=True,
         )
         entries = self._index_entries(state, records) if self.index is not None else []
         return _Batch(records, self._hot_view(topic, queue_id, records.next_offset), entries)

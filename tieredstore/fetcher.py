@@ -182,7 +182,7 @@ class MessageFetcher:
         self.prefetches = PrefetchPool(self.cache)
         settings = self.settings
         self._cold_options = ColdReadOptions(
-            settings.read_ahead_count, settings.read_ahead_size, settings.read_ahead_ttl, settings.prefetch_handoff
+            settings.read_ahead_count, settings.read_ahead_size, settings.read_ahead_ttl
         )
         self.queues = QueueStates(flat, read_only_cold)  # one state object per queue
 

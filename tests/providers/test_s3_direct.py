@@ -14,8 +14,9 @@ import pytest
 from tests.fixtures.faultproxy import FaultProxy, FaultRates, FaultRule
 from tests.fixtures.s3 import S3Server
 from tieredstore.errors import SegmentNotFoundError, StorageAccessError, StorageError, StorageUnavailableError
-from tieredstore.providers.s3 import S3ObjectStore, S3Provider, _checksum_arguments, _put_headers
+from tieredstore.providers.s3 import S3ObjectStore, S3Provider
 from tieredstore.providers.s3_direct import DirectRequests
+from tieredstore.providers.s3_transport import checksum_arguments, put_headers
 
 FAST_RETRIES = {"retry_initial_delay": 0.001, "retry_max_delay": 0.01}
 DATA = bytes(range(256)) * 1200 + b"tail"
@@ -32,10 +33,10 @@ async def learned(provider: S3Provider, key: str = KEY) -> S3ObjectStore:
     """The provider's store after ``DATA`` was put at ``key`` through the client and read back directly."""
     store = store_of(provider)
     await store.put(key, DATA)
-    assert store.direct_requests == 0
+    assert store.transport.direct_requests == 0
     assert await store.get_range(key, 0, 10) == DATA[:10]
-    assert store.direct_requests == 1
-    store.direct_requests = 0
+    assert store.transport.direct_requests == 1
+    store.transport.direct_requests = 0
     return store
 
 
@@ -62,7 +63,7 @@ async def test_after_one_client_request_gets_go_direct_and_return_the_same_bytes
         for start, length in ranges:
             assert await store.get_range(KEY, start, length) == DATA[start : start + length]
         assert await store.get_range(KEY, len(DATA), 10) == b""  # the object ends before the range (416)
-        assert store.direct_requests == len(ranges) + 1
+        assert store.transport.direct_requests == len(ranges) + 1
 
 
 async def test_a_missing_object_is_segment_not_found_on_the_direct_path(
@@ -72,7 +73,7 @@ async def test_a_missing_object_is_segment_not_found_on_the_direct_path(
         store = await learned(provider)
         with pytest.raises(SegmentNotFoundError, match="NoSuchKey"):
             await store.get_range(KEY + "-gone", 0, 10)
-        assert store.direct_requests == 1
+        assert store.transport.direct_requests == 1
 
 
 async def test_damaged_bytes_are_never_returned_on_the_direct_path(
@@ -91,7 +92,7 @@ async def test_damaged_bytes_are_never_returned_on_the_direct_path(
         )
         with pytest.raises(StorageUnavailableError, match="stored CRC32 checksum"):
             await store.get_range(KEY, 0, len(DATA))
-        assert store.direct_requests == 2  # both attempts went direct and both were refused
+        assert store.transport.direct_requests == 2  # both attempts went direct and both were refused
 
 
 async def test_throttling_is_retried_and_access_errors_are_not(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -105,7 +106,7 @@ async def test_throttling_is_retried_and_access_errors_are_not(proxied: S3Provid
     with pytest.raises(StorageAccessError, match="AccessDenied"):
         await store.get_range(KEY, 0, 100)
     assert proxy.count("GET") - gets == 1
-    assert store.direct_requests == 3
+    assert store.transport.direct_requests == 3
 
 
 async def test_a_truncated_reply_is_retried_then_unavailable(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -115,7 +116,7 @@ async def test_a_truncated_reply_is_retried_then_unavailable(proxied: S3Provider
     with pytest.raises(StorageUnavailableError):
         await store.get_range(KEY, 0, len(DATA))
     assert proxy.count("GET") - gets == 3
-    assert store.direct_requests == 3
+    assert store.transport.direct_requests == 3
 
 
 async def test_a_400_hands_the_read_back_to_the_client_for_good(proxied: S3Provider, proxy: FaultProxy) -> None:
@@ -125,7 +126,7 @@ async def test_a_400_hands_the_read_back_to_the_client_for_good(proxied: S3Provi
     assert await store.get_range(KEY, 3, 30) == DATA[3:33]
     assert await store.get_range(KEY, 0, 5) == DATA[:5]
     await store.put(KEY + "-later", b"later")
-    assert store.direct_requests == 1  # the refused one; the client made both reads and the put
+    assert store.transport.direct_requests == 1  # the refused one; the client made both reads and the put
 
 
 def test_a_url_that_is_not_the_quoted_key_is_not_learned() -> None:
@@ -157,7 +158,7 @@ async def test_a_provider_used_again_after_close_learns_on_its_new_client(
     await provider.close()  # closes the client whose connections the direct requests used
     assert await store.get_range(KEY, 2, 5) == DATA[2:7]  # the new client's first GET
     assert await store.get_range(KEY, 3, 5) == DATA[3:8]
-    assert store.direct_requests == 1
+    assert store.transport.direct_requests == 1
     await provider.close()
 
 
@@ -173,7 +174,7 @@ async def test_puts_go_direct_with_their_checksum_condition_and_encryption(
         await store.put(KEY + "-2", later)
         assert not await store.put_if_absent(KEY + "-2", b"other bytes")  # 412: what is there stays
         assert await store.put_if_absent(KEY + "-3", b"new")
-        assert store.direct_requests == 3
+        assert store.transport.direct_requests == 3
         client = s3_server.client()
         head = client.head_object(Bucket=s3_bucket, Key=f"odd prefix ü/{KEY}-2", ChecksumMode="ENABLED")
         assert head["ChecksumCRC32"] == base64.b64encode(zlib.crc32(later).to_bytes(4, "big")).decode()
@@ -194,7 +195,7 @@ async def test_a_failed_direct_put_is_retried_and_a_400_falls_back_to_the_client
     proxy.fail(FaultRule("PUT", 400, "AuthorizationHeaderMalformed", times=1))
     await store.put(KEY + "-3", b"third")
     assert proxy.count("PUT") - puts == 4
-    assert store.direct_requests == 3  # the client made the last PUT
+    assert store.transport.direct_requests == 3  # the client made the last PUT
     assert await store.get_range(KEY + "-3", 0, 5) == b"third"
     assert await store.get_range(KEY + "-2", 0, 6) == b"second"
 
@@ -209,7 +210,7 @@ async def test_a_put_damaged_on_the_way_carries_the_crc32_of_the_bytes_sent(
     proxy.damage = frozenset()
     with pytest.raises(StorageUnavailableError, match="stored CRC32 checksum"):
         await store.get_range(KEY + "-2", 0, len(DATA))
-    assert store.direct_requests == 1 + 3
+    assert store.transport.direct_requests == 1 + 3
 
 
 async def test_a_400_the_client_gets_too_is_its_error_and_the_direct_path_stays(
@@ -220,7 +221,7 @@ async def test_a_400_the_client_gets_too_is_its_error_and_the_direct_path_stays(
     with pytest.raises(StorageError, match="InvalidArgument"):
         await store.get_range(KEY, 0, 5)
     assert await store.get_range(KEY, 0, 5) == DATA[:5]
-    assert store.direct_requests == 2
+    assert store.transport.direct_requests == 2
 
 
 class _Captured(Exception):
@@ -249,7 +250,7 @@ def test_direct_requests_are_signed_as_the_client_signs_them(scheme: str, payloa
         raise _Captured
 
     client.meta.events.register("before-send.s3", capture)
-    checksum = _checksum_arguments(base64.b64encode(zlib.crc32(DATA).to_bytes(4, "big")).decode())
+    checksum = checksum_arguments(base64.b64encode(zlib.crc32(DATA).to_bytes(4, "big")).decode())
     with pytest.raises(_Captured):
         client.put_object(Bucket="bucket", Key=KEY, Body=DATA, **checksum)
     with pytest.raises(_Captured):
@@ -257,7 +258,7 @@ def test_direct_requests_are_signed_as_the_client_signs_them(scheme: str, payloa
     (put_url, put_sent), (_, get_sent) = sent
     direct = DirectRequests.learn(client, client._request_signer._credentials, KEY, put_url)
     assert direct is not None
-    put = direct.signed("PUT", KEY, _put_headers(checksum), DATA).headers
+    put = direct.signed("PUT", KEY, put_headers(checksum), DATA).headers
     get = direct.signed("GET", KEY, {"Range": "bytes=0-9", "x-amz-checksum-mode": "ENABLED"}).headers
 
     def signature_inputs(headers: Mapping[str, Any]) -> tuple[str, str]:

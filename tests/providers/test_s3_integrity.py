@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import socket
 import zlib
@@ -21,6 +22,7 @@ import urllib3.util.connection
 
 from tests.fixtures.faultproxy import NO_FAULTS, FaultProxy, FaultRates
 from tests.fixtures.s3 import S3Server
+from tieredstore import tuning
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageUnavailableError
 from tieredstore.formats.naming import FileType, segment_key
@@ -101,12 +103,8 @@ def _kernel_rmem_max() -> int:
 
 
 @pytest.mark.parametrize(
-    ("rmem_max", "asked", "granted"),
-    [
-        pytest.param("8388608", 4 << 20, True, id="granted"),
-        pytest.param("212992", 4 << 20, False, id="stock-linux-cap"),
-        pytest.param("8388608", 0, False, id="switched-off"),
-    ],
+    ("rmem_max", "granted"),
+    [pytest.param("8388608", True, id="granted"), pytest.param("212992", False, id="stock-linux-cap")],
 )
 async def test_get_connections_ask_for_the_receive_buffer_where_the_kernel_grants_it_whole(
     s3_bucket_url: str,
@@ -114,15 +112,14 @@ async def test_get_connections_ask_for_the_receive_buffer_where_the_kernel_grant
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     rmem_max: str,
-    asked: int,
     granted: bool,
 ) -> None:
-    """A GET's connection can take in a whole window while its thread waits for the GIL; where the kernel
-    would cap the buffer below what it autotunes to, or with 0, the kernel sizes it as before."""
+    """A GET's connection can take in a whole chunk while its thread waits for the GIL; where the kernel
+    would cap the buffer below what it autotunes to, the kernel sizes it as before."""
     kernel_cap = _kernel_rmem_max()  # what setsockopt gets at most, whatever the module is told
     limit = tmp_path / "rmem_max"
     limit.write_text(f"{rmem_max}\n", encoding="ascii")
-    monkeypatch.setattr(options_module, "_RMEM_MAX", limit)
+    monkeypatch.setattr(tuning, "_RMEM_MAX", limit)
     buffers: list[int] = []
     real = urllib3.util.connection.create_connection
 
@@ -133,25 +130,30 @@ async def test_get_connections_ask_for_the_receive_buffer_where_the_kernel_grant
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", recording)
     data = os.urandom(1 << 20)
-    async with S3Provider(s3_bucket_url, **s3_options, receive_buffer_bytes=asked) as provider:
+    async with S3Provider(s3_bucket_url, **s3_options) as provider:
         await provider.store.put("probe/object", data)
         for _ in range(2):  # through the client, then the direct requests learned from it
             assert await provider.store.get_range("probe/object", 0, len(data)) == data
     assert len(buffers) >= 3, "the PUT and both GETs opened connections"
     if granted:
-        assert min(buffers) >= min(asked, kernel_cap)  # Linux reports twice the size set
+        assert min(buffers) >= min(tuning.RECEIVE_BUFFER_BYTES, kernel_cap)  # Linux reports twice the size set
     else:
         assert max(buffers) < min(4 << 20, kernel_cap)  # the kernel's starting size (net.ipv4.tcp_rmem)
 
 
-def test_receive_buffer_option_defaults_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert S3Options().receive_buffer_bytes == 4 << 20
-    assert S3Options.from_query("receive_buffer_bytes=0").receive_buffer_bytes == 0
-    with pytest.raises(ConfigError, match="receive_buffer_bytes"):
-        S3Options(receive_buffer_bytes=-1)
-    assert TieredStoreConfig().s3_options()["receive_buffer_bytes"] == 4 << 20
+def test_an_old_receive_buffer_setting_in_a_url_or_the_environment_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment that still sets it keeps working, told once that the setting is gone."""
+    monkeypatch.setattr(options_module, "_warned_removed", set())
+    with caplog.at_level(logging.WARNING, logger="tieredstore.providers.s3_options"):
+        assert S3Options.from_query("receive_buffer_bytes=0&region=eu-west-1") == S3Options(region="eu-west-1")
+        S3Options.from_query("receive_buffer_bytes=0")
+    assert caplog.text.count("receive_buffer_bytes is no longer a setting and is ignored") == 1
     monkeypatch.setenv("TIEREDSTORE_S3__RECEIVE_BUFFER_BYTES", "0")
-    assert S3Options(**TieredStoreConfig().s3_options()).receive_buffer_bytes == 0
+    assert "receive_buffer_bytes" not in TieredStoreConfig().s3_options()
+    with pytest.raises(ConfigError, match="receive_buffer_bytes"):
+        S3Options.from_query("", receive_buffer_bytes=0)  # not an option of the code either
 
 
 def test_the_pool_size_comes_from_the_config_file_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

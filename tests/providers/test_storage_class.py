@@ -62,7 +62,7 @@ async def test_commit_log_chunks_take_storage_class_and_the_rest_index_storage_c
     async with S3Provider(s3_bucket_url, **s3_options, **options) as provider:
         await write_each_type(provider)
         store = provider.store
-        assert isinstance(store, S3ObjectStore) and store.direct_requests > 0
+        assert isinstance(store, S3ObjectStore) and store.transport.direct_requests > 0
     assert classes_by_type(s3_server, s3_bucket) == {
         "COMMIT_LOG": {commit_log},
         "CONSUME_QUEUE": {others},

@@ -18,8 +18,6 @@ progress bar and output.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import platform
 from pathlib import Path
 from typing import Annotated
 
@@ -49,29 +47,7 @@ from tieredstore.restore import (
     RestoreSummary,
     restore_archive,
 )
-
-# glibc's mallopt parameter, and the size from which a restore's allocations are their own mappings.
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 1 * MIB
-
-
-def _return_large_buffers_to_the_system() -> None:
-    """Have glibc map every allocation of 1 MiB or more on its own, so freeing it unmaps it.
-
-    By default glibc raises its mmap threshold to the size of the largest buffer freed: after the first
-    large batch is freed, every later one comes from the heaps of the threads that read and write
-    batches, which fragment and keep memory that is free but resident. Setting the threshold keeps
-    it returned, at the same speed. Only for the restore command's own process.
-    """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+from tieredstore.tuning import tune_for_restore
 
 
 def _lost_notes(summary: RestoreSummary) -> list[str]:
@@ -162,7 +138,7 @@ def restore(
     )
     show = progress if progress is not None else cli.output.err.is_terminal
     if not dry_run:
-        _return_large_buffers_to_the_system()
+        tune_for_restore()
 
     async def go() -> RestoreSummary:
         async with open_read_node(cli.config) as node:

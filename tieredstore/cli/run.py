@@ -32,7 +32,6 @@ from rich.table import Table
 from rich.text import Text
 
 from tieredstore import errors
-from tieredstore.allocator import tune_allocator
 from tieredstore.cli.app import CliState, app, state
 from tieredstore.config import ArchiverSettings, TieredStoreConfig
 from tieredstore.dispatcher import Dispatcher, DispatchStats, QueueStatus
@@ -46,6 +45,7 @@ from tieredstore.providers.registry import url_scheme
 from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
 from tieredstore.runtime import HotMode, open_runtime
 from tieredstore.topic_filter import TopicFilter
+from tieredstore.tuning import tune_for_archiver
 
 log = structlog.get_logger(__name__)
 
@@ -462,11 +462,10 @@ def run(
     if overrides:
         config = config.model_copy(update={"archiver": config.archiver.model_copy(update=overrides)})
     options = RunOptions(demo, once, duration, demo_messages, demo_rate, hot_mode)
-    if config.archiver.tune_allocator:
-        # Before the event loop and its worker threads exist: arenas made earlier are kept as they are.
-        tuned = tune_allocator()
-        if tuned:
-            log.info("allocator tuned for batches", **{name.strip("_").lower(): value for name, value in tuned.items()})
+    # This command owns its process: before the event loop and its worker threads exist (arenas made earlier stay).
+    tuned = tune_for_archiver()
+    if tuned:
+        log.info("allocator tuned for batches", **{name.strip("_").lower(): value for name, value in tuned.items()})
     try:
         summary = asyncio.run(_archive(cli, config, options))
     except asyncio.CancelledError:

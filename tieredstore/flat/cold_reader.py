@@ -59,10 +59,9 @@ CACHE_BYPASS_RATIO = 0.8
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
 # While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
-# (seconds): enough for a prefetch reading on the loop to take in its data, without paying a loop turn per call.
-_PREFETCH_YIELD_INTERVAL = 0.001
-# How long such a turn gives the GIL to worker threads reading prefetches (seconds): short beside serving.
-_GIL_HANDOFF = 50e-6
+# (seconds): each turn's selector poll lets go of the GIL, which a worker thread reading a prefetch needs after
+# each piece of its response, far sooner than the switch interval would; rarely enough to cost little.
+_PREFETCH_YIELD_INTERVAL = 0.00025
 
 
 @dataclass(slots=True)
@@ -108,7 +107,6 @@ class ColdReadOptions:
     window_count: int  # records a window holds at most
     window_bytes: int  # bytes a window holds at most (never below one record)
     ttl: float = 15.0  # windows read ahead that nobody came for within this many seconds are dropped
-    handoff: float = 0.0  # seconds a reader waits after starting a prefetch, for its read to be sent
     # False for a reader that checks every record in full itself: records are only located (``located_window``)
     check_records: bool = True
 
@@ -158,6 +156,9 @@ class PrefetchPool:
         self.prefetch_bytes = 0
         self.pending_bytes = 0  # windows being read by their readers that have started one ahead, until cached
         self.in_flight = 0  # prefetches still reading
+        self.unstarted: set[asyncio.Task[ReadAheadBatch | None]] = set()  # prefetches yet to send their read
+        self.all_started = asyncio.Event()  # set while ``unstarted`` is empty
+        self.all_started.set()
         self.last_yield = 0.0  # when a reader last gave the event loop a turn for them (time.monotonic)
         self.closed = False
 
@@ -189,19 +190,30 @@ class PrefetchPool:
 
         Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
         providers read in worker threads, which need the GIL after each piece of a response arrives, and a
-        thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
-        it over now.
+        thread holding it (a reader, serving) gives it up only every switch interval; the turn's poll of the
+        selector releases it at once.
         """
         if not self.in_flight:
             return
         now = time.monotonic()
         if now - self.last_yield >= _PREFETCH_YIELD_INTERVAL:
             self.last_yield = now
-            time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop briefly on purpose, to release the GIL
             await asyncio.sleep(0)
+
+    async def until_started(self) -> None:
+        """Until every prefetch started has run up to its first wait: its read, handed to storage (a prefetch
+        whose read completes at once may start the next one in the same turn, which is waited for too)."""
+        while self.unstarted:  # one that began may have started another before this waiter woke
+            await self.all_started.wait()
+
+    def begin(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
+        self.unstarted.discard(task)
+        if not self.unstarted:
+            self.all_started.set()
 
     def done(self, task: asyncio.Task[ReadAheadBatch | None]) -> None:
         self.in_flight -= 1
+        self.begin(task)  # for one cancelled before it ran
         if not task.cancelled() and task.exception() is not None:
             # Seen here so that it is never reported as lost: its reader gets it from the task, or reads again.
             log.debug("prefetch failed; its reader will get the error", error=str(task.exception()))
@@ -360,20 +372,11 @@ class ColdQueueReader:
             after, expected = (
                 (ahead[-1].after, ahead[-1].reserved_bytes) if ahead else (follow_after(batch), len(batch.data))
             )
-            if after is not None and self._read_ahead(flat_file, after, run_end, expected):
-                await self._hand_off()
+            if after is not None and self._read_ahead(flat_file, after, run_end, expected) and pool is not None:
+                await pool.until_started()  # its read is sent now, not once the window in hand has been served
         if not bypass:
             self.window_end = batch.end_offset
         return batch
-
-    async def _hand_off(self) -> None:
-        """Let a prefetch just started send its request now, not when the window in hand has been served.
-
-        One loop turn runs its task up to handing the read to a worker thread, and the wait lets that
-        thread take the GIL and send (serving or checking a window holds the GIL; the thread would wait
-        until that is done).
-        """
-        await asyncio.sleep(self.options.handoff)
 
     async def _read_records(
         self,
@@ -402,8 +405,8 @@ class ColdQueueReader:
         check = check_window if self.options.check_records else located_window
 
         async def split_done(after: FollowPoint, size: int) -> None:
-            if on_split is not None and on_split(after, size):
-                await self._hand_off()
+            if on_split is not None and on_split(after, size) and self.pool is not None:
+                await self.pool.until_started()
 
         batch = None
         if follow is not None and follow.offset == offset:
@@ -442,6 +445,8 @@ class ColdQueueReader:
         prefetch = _Prefetch(after, expected_bytes, now, run_end)
         prefetch.task = asyncio.create_task(self._prefetch(flat_file, prefetch))
         pool.in_flight += 1
+        pool.unstarted.add(prefetch.task)
+        pool.all_started.clear()
         prefetch.task.add_done_callback(pool.done)
         self.prefetches.append(prefetch)
         pool.ahead[self.key] = self
@@ -450,6 +455,8 @@ class ColdQueueReader:
 
     async def _prefetch(self, flat_file: FlatMessageFile, prefetch: _Prefetch) -> ReadAheadBatch | None:
         """A prefetched window's read; once it is split, the window after it is read ahead in turn."""
+        assert self.pool is not None  # only a reader with a pool reads ahead
+        self.pool.begin(prefetch.task)
 
         def split(after: FollowPoint, _size: int) -> bool:
             prefetch.after = after
