@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from tieredstore.errors import NotFoundError, ReadOnlyError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, QueueKey, SegmentRecord, SegmentStatus, SegmentUpdate
+from tieredstore.metadata import LeaseHold, MetadataStore, QueueKey, SegmentRecord, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import DEFAULT_MAX_SIZE, AppendResult, FileSegment, Provider
 
 Clock = Callable[[], int]
@@ -68,14 +68,15 @@ class FlatAppendFile:
         commit_before: FlatAppendFile | None = None,
         rolling_interval_ms: int | None = None,
         clock: Clock = wall_clock_ms,
-        queue: QueueKey | None = None,
+        lease: LeaseHold | None = None,
     ) -> None:
+        """``lease``: the queue's lease when this file is written under one (None: nothing is checked)."""
         self.provider = provider
         self.metadata = metadata
         self.path = path
         self.file_type = file_type
-        # The queue whose lease (if the metadata store has an epoch fence) every segment change needs.
-        self.queue = queue
+        # Every segment change names its epoch, and a storage deletion checks it first.
+        self.lease = lease
         self.max_segment_size = max_segment_size
         self.commit_before = commit_before
         # The open segment is sealed once its oldest data is this old (None: by size only), so that
@@ -95,6 +96,22 @@ class FlatAppendFile:
             f"{type(self).__name__}({self.path!r}, {self.file_type.value}, min={self.min_offset}, "
             f"commit={self.commit_offset}, append={self.append_offset}, segments={len(self.segments)})"
         )
+
+    @property
+    def queue(self) -> QueueKey | None:
+        """The queue whose lease this file is written under (None without one)."""
+        return None if self.lease is None else self.lease.queue
+
+    def _held_epoch(self) -> int | None:
+        """The lease epoch a segment change names (None without a lease); LeaseLostError once none is held."""
+        return None if self.lease is None else self.lease.epoch()
+
+    async def _check_lease(self) -> None:
+        """Before committed bytes leave storage: the lease still ours, and held for the change (no-op without)."""
+        lease = self.lease
+        if lease is not None:
+            epoch = lease.epoch()
+            await asyncio.to_thread(self.metadata.leases.check_lease, lease.queue, epoch, hold_ms=lease.hold_ms)
 
     # ---- positions -------------------------------------------------------------------------------
 
@@ -322,6 +339,7 @@ class FlatAppendFile:
                 sealed_timestamp=self.clock(),
             ),
             queue=self.queue,
+            expected_epoch=self._held_epoch(),
         )
         self._recorded_sizes[segment.base_offset] = segment.commit_position
 
@@ -358,6 +376,7 @@ class FlatAppendFile:
             base_offset,
             begin_timestamp=timestamp,
             queue=self.queue,
+            expected_epoch=self._held_epoch(),
         )
         segment = self.provider.segment(self.file_type, self.path, base_offset, max_size=self.max_segment_size)
         self.segments.append(segment)
@@ -483,19 +502,26 @@ class FlatAppendFile:
                 self.metadata.update_segment,
                 SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETING),
                 queue=self.queue,
+                expected_epoch=self._held_epoch(),
             )
-        elif self.queue is not None:
-            await asyncio.to_thread(self.metadata.check_lease, self.queue)  # before the object goes
+        else:
+            await self._check_lease()  # before the object goes
         await segment.destroy()
         if forget:
             await asyncio.to_thread(
-                self.metadata.delete_segment, self.path, self.file_type, segment.base_offset, queue=self.queue
+                self.metadata.delete_segment,
+                self.path,
+                self.file_type,
+                segment.base_offset,
+                queue=self.queue,
+                expected_epoch=self._held_epoch(),
             )
         else:
             await asyncio.to_thread(
                 self.metadata.update_segment,
                 SegmentUpdate(self.path, self.file_type, segment.base_offset, status=SegmentStatus.DELETED),
                 queue=self.queue,
+                expected_epoch=self._held_epoch(),
             )
         self._recorded_sizes.pop(segment.base_offset, None)
 
@@ -551,8 +577,8 @@ class FlatAppendFile:
         last = self.segments[-1]
         keep = offset - last.base_offset
         if last.commit_position > keep or last.pending_bytes:
-            if self.queue is not None and last.commit_position > keep:
-                await asyncio.to_thread(self.metadata.check_lease, self.queue)  # before committed bytes go
+            if last.commit_position > keep:
+                await self._check_lease()  # before committed bytes go
             await last.truncate(keep)
             if last.is_closed:
                 # A sealed segment that lost its tail is writable again: new handle, row back to NEW.
@@ -566,6 +592,7 @@ class FlatAppendFile:
                     self.metadata.update_segment,
                     SegmentUpdate(self.path, self.file_type, last.base_offset, size=keep, status=SegmentStatus.NEW),
                     queue=self.queue,
+                    expected_epoch=self._held_epoch(),
                 )
                 self._recorded_sizes[last.base_offset] = keep
 

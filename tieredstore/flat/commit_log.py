@@ -14,7 +14,7 @@ from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.flat.append_file import DEFAULT_ROLLING_INTERVAL_MS, Clock, FlatAppendFile, wall_clock_ms
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, QueueKey
+from tieredstore.metadata import LeaseHold, MetadataStore
 from tieredstore.providers.base import FileSegment, Provider
 
 RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # enough for any header field up to STORETIMESTAMP (IPv6 hosts)
@@ -32,7 +32,7 @@ class FlatCommitLogFile(FlatAppendFile):
         max_segment_size: int | None = None,
         rolling_interval_ms: int | None = DEFAULT_ROLLING_INTERVAL_MS,
         clock: Clock = wall_clock_ms,
-        queue: QueueKey | None = None,
+        lease: LeaseHold | None = None,
     ) -> None:
         super().__init__(
             provider,
@@ -42,7 +42,7 @@ class FlatCommitLogFile(FlatAppendFile):
             max_segment_size=max_segment_size,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=queue,
+            lease=lease,
         )
         self._first_queue_offsets: dict[int, int] = {}
 

@@ -21,7 +21,7 @@ from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns, wall_clock_ms
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore, QueueKey
+from tieredstore.metadata import LeaseHold, MetadataStore
 from tieredstore.providers.base import Provider
 
 TimestampOf = Callable[[ConsumeQueueUnit], Awaitable[int]]
@@ -70,7 +70,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
         initial_queue_offset: int = 0,
         rolling_interval_ms: int | None = None,
         clock: Clock = wall_clock_ms,
-        queue: QueueKey | None = None,
+        lease: LeaseHold | None = None,
     ) -> None:
         if max_segment_size is not None:
             max_segment_size -= max_segment_size % UNIT_SIZE
@@ -86,7 +86,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
             commit_before=commit_log,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=queue,
+            lease=lease,
         )
         self._queue_runs: tuple[HeldRuns, QueueRuns] | None = None
 
