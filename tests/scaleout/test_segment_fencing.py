@@ -205,3 +205,29 @@ async def test_a_zombie_cut_after_a_takeover_removes_nothing_the_successor_wrote
         assert refused
     finally:
         MemoryProvider.wipe(name)
+
+
+async def test_a_zombie_queue_opened_under_its_lease_cannot_record_a_commit_or_start_a_segment(
+    stores: list[MetadataStore],
+) -> None:
+    """The queue an archiver opened under its lease names that lease's epoch in each metadata change:
+    once a successor took the queue over, the zombie's commit records nothing, and its roll adds no row."""
+    zombie_store, successor_store = stores
+    provider = MemoryProvider()
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    flat = FlatFileStore(provider, zombie_store, cluster="c", broker="b")
+    queue = await flat.get_or_create(TOPIC, 0, lease=zombie.hold(QUEUE))
+    await append_range(queue, 0, 5)
+    assert await queue.commit() == 5  # while it holds the lease
+    recorded = successor_store.get_queue(TOPIC, 0)
+    replace_after_stall(successor_store)
+    await append_range(queue, 5, 10)
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        await queue.commit()
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        await queue.commit_log.roll(BASE_TIMESTAMP + 10)
+    now = successor_store.get_queue(TOPIC, 0)
+    assert (now.max_offset, now.version) == (recorded.max_offset, recorded.version)
+    assert (now.owner, now.epoch) == ("successor", 2)
+    assert [r.base_offset for r in successor_store.list_segments(queue.path, FileType.COMMIT_LOG)] == [0]
