@@ -1,26 +1,25 @@
-"""The metadata store: topics, queue positions, segments and index files in SQLite or PostgreSQL."""
+"""The metadata store: topics, queue positions, segments, index files and queue leases in SQLite or PostgreSQL."""
 
+from tieredstore.metadata.leases import LeaseHold, LeaseStore, Membership, QueueLease
 from tieredstore.metadata.migrate import check_schema, current, downgrade, head, upgrade
 from tieredstore.metadata.models import IndexFileStatus, SegmentFileType, SegmentStatus, TopicStatus
-from tieredstore.metadata.store import (
+from tieredstore.metadata.records import (
     LIVE_SEGMENT_STATUSES,
-    EpochFence,
     IndexFileRecord,
-    Membership,
-    MetadataStore,
     QueueKey,
-    QueueLease,
     QueuePosition,
     SegmentRecord,
     SegmentUpdate,
     TopicInfo,
 )
+from tieredstore.metadata.store import MetadataStore
 
 __all__ = [
     "LIVE_SEGMENT_STATUSES",
-    "EpochFence",
     "IndexFileRecord",
     "IndexFileStatus",
+    "LeaseHold",
+    "LeaseStore",
     "Membership",
     "MetadataStore",
     "QueueKey",

@@ -292,8 +292,6 @@ class Dispatcher:
         if self.leases is not None:
             # Queues are recovered one by one as their leases are acquired: recovering a queue another
             # archiver is writing would cut its committed-but-unrecorded bytes.
-            # A deletion in cold storage holds the queue's lease for a lease duration first: see check_lease.
-            self.metadata.set_epoch_fence(self.leases.epoch_of, storage_hold_ms=self.leases.ttl_ms)
             await self._lease_round()
             self._lease_task = asyncio.create_task(self._lease_loop())
             self._started = True
@@ -912,11 +910,14 @@ class Dispatcher:
     async def _open_queue(self, state: _QueueState) -> None:
         """Load the cold queue; on first sight create it at the ``start_from`` offset."""
         topic, queue_id = state.topic, state.queue_id
+        lease = None if self.leases is None else self.leases.hold((topic, queue_id))
         try:
             flat_file = self.flat.get(topic, queue_id)
+            if lease is not None:
+                flat_file.lease = lease  # loaded before the lease was held: written under it from now on
         except NotFoundError:
             start = await asyncio.to_thread(self._start_offset, topic, queue_id)
-            flat_file = await self.flat.get_or_create(topic, queue_id, start_offset=start)
+            flat_file = await self.flat.get_or_create(topic, queue_id, start_offset=start, lease=lease)
             log.info("archiving a new queue", topic=topic, queue_id=queue_id, start_offset=flat_file.archived_offset)
         recovered = self.flat.pop_recovery(topic, queue_id)
         topic_id = self._topic_ids.get(topic)

@@ -1,7 +1,7 @@
 """Queue leases: how several archiver processes sharing one PostgreSQL split the queues, and fence each other.
 
 Each archiver has an owner id and, every ``renew_interval`` seconds, runs one lease round (each step
-one short transaction in the metadata database, see ``MetadataStore``):
+one short transaction in the metadata database, see ``metadata.leases.LeaseStore``):
 
 1. heartbeat its membership row, which says how many archivers are alive;
 2. renew every lease it holds; a lease missing from the answer was taken over (its epoch bumped):
@@ -15,13 +15,14 @@ one short transaction in the metadata database, see ``MetadataStore``):
 Fencing. A lease is only used while ``now < start of the last successful renewal + lease_duration -
 margin`` (local monotonic clock, margin a third of the duration): an archiver that cannot renew stops
 starting batches on its queues before any other archiver can take them over. A process paused past
-that (SIGSTOP, a long GC, a frozen VM) cannot know it was paused; the epoch fences it instead: every
-position update names the epoch held (``MetadataStore.set_epoch_fence``) and fails with
-LeaseLostError after a takeover, and cold storage refuses to overwrite committed bytes
-(CommitConflictError). Both mean "this queue is lost", never "retry". Deleting or cutting cold objects
-cannot be refused by storage, so ``MetadataStore.check_lease`` comes first, and (installed with
-``storage_hold_ms``) also holds the lease a full duration from the database's clock: a process paused
-for less than that between the check and the deletion cannot delete what a successor wrote.
+that (SIGSTOP, a long GC, a frozen VM) cannot know it was paused; the epoch fences it instead: each
+queue is opened with its ``LeaseHold`` (``hold``), so every position and segment change names the
+epoch held (``expected_epoch``) and fails with LeaseLostError after a takeover, and cold storage
+refuses to overwrite committed bytes (CommitConflictError). Both mean "this queue is lost", never
+"retry". Deleting or cutting cold objects cannot be refused by storage, so ``LeaseStore.check_lease``
+comes first, and also holds the lease a full duration (the hold's ``hold_ms``) from the database's
+clock: a process paused for less than that between the check and the deletion cannot delete what a
+successor wrote.
 
 A process paused in the middle of a metadata transaction holds row locks, and takeovers skip locked
 rows (they never wait on a peer). So the manager has PostgreSQL end any transaction of its store that
@@ -50,7 +51,7 @@ import structlog
 
 from tieredstore.directories import ensure_directory
 from tieredstore.errors import ArchiverRunningError, ConfigError, LeaseLostError
-from tieredstore.metadata import MetadataStore, QueueLease
+from tieredstore.metadata import LeaseHold, MetadataStore, QueueLease
 from tieredstore.metadata.engine import parse_url, sqlite_path
 
 log = structlog.get_logger(__name__)
@@ -137,12 +138,17 @@ class LeaseManager:
             return dict(self._held)
 
     def epoch_of(self, topic: str, queue_id: int) -> int:
-        """The epoch held for the queue (the metadata epoch fence); LeaseLostError when none is held."""
+        """The epoch held for the queue (what its changes name); LeaseLostError when none is held."""
         with self._lock:
             lease = self._held.get((topic, queue_id))
         if lease is None:
             raise LeaseLostError(f"archiver {self.owner} holds no lease on queue {topic}/{queue_id}; nothing recorded")
         return lease.epoch
+
+    def hold(self, key: QueueKey) -> LeaseHold:
+        """What a queue opened under this archiver's lease writes under: the epoch held at each change,
+        and a storage deletion holding the lease a full duration (see the module docstring)."""
+        return LeaseHold(key, self.epoch_of, hold_ms=self.ttl_ms)
 
     def forget(self, key: QueueKey) -> None:
         """Drop a lease locally (it was found lost); the database row already belongs to someone else."""
@@ -156,7 +162,7 @@ class LeaseManager:
         """Clear leases a previous process with this owner id left: whoever takes them next bumps the epoch."""
         if self._started:
             return
-        stale = self.metadata.release_leases(self.owner)
+        stale = self.metadata.leases.release_leases(self.owner)
         if stale:
             log.info("released leases left by a previous run of this owner", owner=self.owner, leases=stale)
         self._started = True
@@ -172,10 +178,10 @@ class LeaseManager:
         if not self._started:
             self.start()
         started = self.clock()
-        membership = self.metadata.heartbeat_archiver(
+        membership = self.metadata.leases.heartbeat_archiver(
             self.owner, hostname=socket.gethostname(), pid=os.getpid(), ttl_ms=self.ttl_ms, topics=self.topics
         )
-        renewed = {lease.key: lease for lease in self.metadata.renew_leases(self.owner, ttl_ms=self.ttl_ms)}
+        renewed = {lease.key: lease for lease in self.metadata.leases.renew_leases(self.owner, ttl_ms=self.ttl_ms)}
         with self._lock:
             lost = [key for key, lease in self._held.items() if key not in renewed or renewed[key].epoch != lease.epoch]
             for key in lost:
@@ -188,7 +194,7 @@ class LeaseManager:
             self._valid_until = started + self.lease_duration - self.margin
         stray = [key for key in renewed if key not in self._held]
         if stray:
-            self.metadata.release_leases(self.owner, stray)
+            self.metadata.leases.release_leases(self.owner, stray)
         share = math.ceil(membership.queues / max(1, membership.live_archivers))
         acquired: list[QueueKey] = []
         surplus: list[QueueKey] = []
@@ -201,7 +207,9 @@ class LeaseManager:
                 self._releasing.update(surplus)
         elif len(active) < share:
             wanted = share - len(active)
-            taken = self.metadata.acquire_leases(self.owner, ttl_ms=self.ttl_ms, limit=wanted, topics=self.topics)
+            taken = self.metadata.leases.acquire_leases(
+                self.owner, ttl_ms=self.ttl_ms, limit=wanted, topics=self.topics
+            )
             for lease in taken:
                 with self._lock:
                     self._held[lease.key] = lease
@@ -222,7 +230,7 @@ class LeaseManager:
                 self._held.pop(key, None)
                 self._releasing.discard(key)
         if keys:
-            self.metadata.release_leases(self.owner, keys)
+            self.metadata.leases.release_leases(self.owner, keys)
 
     def close(self) -> None:
         """Release every lease and leave the membership, so the others take the queues over at once.
@@ -235,8 +243,8 @@ class LeaseManager:
                 self._held.clear()
                 self._releasing.clear()
                 self._valid_until = 0.0
-            self.metadata.release_leases(self.owner)
-            self.metadata.remove_archiver(self.owner)
+            self.metadata.leases.release_leases(self.owner)
+            self.metadata.leases.remove_archiver(self.owner)
 
 
 class SingleArchiverLock:

@@ -246,7 +246,7 @@ class ArchiverRetention:
         While archivers join or leave, two may each think so for a round: a file deleted twice is
         deleted all the same (its object and its catalogue row go, whoever is second finds them gone).
         """
-        live = self.metadata.live_archivers()
+        live = self.metadata.leases.live_archivers()
         return not live or live[0].startswith(f"{self.owner} (")
 
 

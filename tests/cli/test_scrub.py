@@ -290,8 +290,8 @@ def test_delete_is_refused_while_an_archiver_runs_and_a_dry_run_says_so(
             running.enter_context(SingleArchiverLock((node.data_dir / "metadata.db").resolve()))
         else:  # a scale-out archiver's live heartbeat on PostgreSQL
             metadata = running.enter_context(MetadataStore(metadata_url(node)))
-            metadata.heartbeat_archiver("archiver-b", hostname="host-b", pid=4242, ttl_ms=60_000)
-            running.callback(metadata.remove_archiver, "archiver-b")
+            metadata.leases.heartbeat_archiver("archiver-b", hostname="host-b", pid=4242, ttl_ms=60_000)
+            running.callback(metadata.leases.remove_archiver, "archiver-b")
         refused = node("scrub", "--delete", "--older-than", "1s")
         assert refused.exit_code == 7, refused.stderr
         assert "before deleting orphans (scrub --delete)" in refused.stderr

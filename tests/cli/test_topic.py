@@ -97,13 +97,13 @@ def test_topic_delete_and_retention_refuse_while_an_archiver_heartbeats(node: No
     archive(node)
     url = node.metadata_url or f"sqlite:///{node.data_dir / 'metadata.db'}"
     with MetadataStore(url) as metadata:
-        metadata.heartbeat_archiver("archiver-b", hostname="host-b", pid=4242, ttl_ms=60_000)
+        metadata.leases.heartbeat_archiver("archiver-b", hostname="host-b", pid=4242, ttl_ms=60_000)
         refused = node("topic", "delete", TOPIC, "--yes")
         assert refused.exit_code == 7
         assert "1 archiver(s) running on this metadata database: archiver-b (host-b pid 4242)" in refused.stderr
         assert node("retention").exit_code == 7
         assert [row["topic"] for row in node("topics", output="json").json()["rows"]] == [TOPIC]
-        metadata.remove_archiver("archiver-b")  # its clean shutdown
+        metadata.leases.remove_archiver("archiver-b")  # its clean shutdown
     assert node("topic", "delete", TOPIC, "--yes").exit_code == 0
 
 

@@ -127,7 +127,7 @@ async def _orphan_then_recover_under_a_lease(config: TieredStoreConfig) -> int:
         await flat_file.commit_log.commit()
         lease = LeaseManager(runtime.metadata, owner="verify-test", lease_duration=30, renew_interval=10)
         lease.round()
-        runtime.metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+        flat_file.lease = lease.hold((TOPIC, 0))
         result = await flat_file.recover()
         lease.close()
         return result.orphan_bytes_abandoned

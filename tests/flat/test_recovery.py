@@ -236,11 +236,10 @@ async def test_restart_under_leases_cuts_by_abandoning_bytes_never_by_deleting_t
     with MetadataStore(sqlite_url) as metadata:
         lease = LeaseManager(metadata, owner="successor", lease_duration=30, renew_interval=10)
         lease.round()
-        metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
         store = FlatFileStore(provider_factory(), metadata, cluster="c", broker="b")
         path = store.queue_path(TOPIC, 0)
         before = await _stored_sizes(provider_factory(), path)
-        report = await store.recover()
+        report = await store.recover(leases=lease.hold)
         assert not report.failed
         queue = store.get(TOPIC, 0)
         after = await _stored_sizes(provider_factory(), path)
@@ -258,8 +257,7 @@ async def test_restart_under_leases_cuts_by_abandoning_bytes_never_by_deleting_t
     with MetadataStore(sqlite_url) as metadata:
         lease = LeaseManager(metadata, owner="successor", lease_duration=30, renew_interval=10)
         lease.round()
-        metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
         store = FlatFileStore(provider_factory(), metadata, cluster="c", broker="b")
-        report = await store.recover()
+        report = await store.recover(leases=lease.hold)
         assert not report.changed
         assert await check_queue_invariant(store.get(TOPIC, 0), reference=hot) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,18 +74,15 @@ def test_a_stale_version_records_nothing(store: MetadataStore, queue: QueuePosit
 
 
 def test_a_lost_lease_records_nothing(store: MetadataStore, queue: QueuePosition) -> None:
-    [lease] = store.acquire_leases("archiver-a", ttl_ms=60_000, limit=1)
+    [lease] = store.leases.acquire_leases("archiver-a", ttl_ms=60_000, limit=1)
     done = _commit(store, queue.version, 3, expected_epoch=lease.epoch)
     with pytest.raises(LeaseLostError, match=f"epoch {lease.epoch} \\(owner archiver-a\\), not {lease.epoch - 1}"):
         _commit(store, done.version, 4, expected_epoch=lease.epoch - 1)
-    # The installed fence is used when the caller names no epoch.
-    store.set_epoch_fence(lambda topic, queue_id: lease.epoch + 1)
     with pytest.raises(LeaseLostError):
-        _commit(store, done.version, 4)
+        _commit(store, done.version, 4, expected_epoch=lease.epoch + 1)
     assert store.get_queue(TOPIC, 0) == done
     assert _segment_sizes(store) == (300, 60)
-    store.set_epoch_fence(lambda topic, queue_id: lease.epoch)
-    assert _commit(store, done.version, 4).max_offset == 4
+    assert _commit(store, done.version, 4, expected_epoch=lease.epoch).max_offset == 4
 
 
 def test_unknown_topic_queue_or_segment_is_not_found(store: MetadataStore, queue: QueuePosition) -> None:
@@ -156,6 +154,28 @@ def test_one_statement_for_the_queue_and_one_per_segment(
         # No SELECT and no ORM load: the queue UPDATE ... RETURNING, then each segment's UPDATE.
         work = [s for s in statements if not s.startswith("BEGIN")]
         assert [s.split()[0] for s in work] == ["UPDATE", "UPDATE", "UPDATE"]
+
+
+def test_a_stale_epoch_is_refused_by_the_updates_row_count_and_changes_nothing(
+    store: MetadataStore, queue: QueuePosition, statements: list[str]
+) -> None:
+    """A zombie archiver names the epoch it held before a peer took the queue over: the queue UPDATE,
+    which requires that epoch, matches no row, so neither the row nor its segments change."""
+    [first] = store.leases.acquire_leases("zombie", ttl_ms=1, limit=1)
+    done = _commit(store, queue.version, 3, expected_epoch=first.epoch)
+    time.sleep(0.01)  # the zombie's lease expires: a peer takes the queue over, bumping its epoch
+    [taken] = store.leases.acquire_leases("successor", ttl_ms=60_000, limit=1)
+    assert taken.epoch == first.epoch + 1
+    taken_over = store.get_queue(TOPIC, 0)
+    statements.clear()
+    with pytest.raises(LeaseLostError, match=f"epoch {taken.epoch} \\(owner successor\\), not {first.epoch}"):
+        _commit(store, taken_over.version, 4, expected_epoch=first.epoch)
+    # The refusal is the queue UPDATE itself (no read of the epoch before it), and no segment UPDATE follows.
+    work = [s.split()[0] for s in statements if not s.startswith("BEGIN")]
+    assert work[0] == "UPDATE" and work.count("UPDATE") == 1
+    assert store.get_queue(TOPIC, 0) == taken_over
+    assert (taken_over.max_offset, taken_over.owner, taken_over.epoch) == (done.max_offset, "successor", taken.epoch)
+    assert _segment_sizes(store) == (300, 60)
 
 
 def test_sqlite_commits_are_durable_against_power_loss(sqlite_url: str) -> None:

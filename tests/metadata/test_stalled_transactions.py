@@ -45,7 +45,7 @@ def test_a_stalled_commit_is_ended_and_its_queue_taken_over_before_the_stall_end
 ) -> None:
     paused, peer = two_stores
     paused.get_or_create_queue(TOPIC, 0)
-    [lease] = paused.acquire_leases("a", ttl_ms=LEASE_MS, limit=1)
+    [lease] = paused.leases.acquire_leases("a", ttl_ms=LEASE_MS, limit=1)
     paused.limit_idle_transactions(LIMIT)
     paused.add_segment(SEGMENT, "COMMIT_LOG", 0)
     inside = threading.Event()
@@ -80,7 +80,7 @@ def test_a_stalled_commit_is_ended_and_its_queue_taken_over_before_the_stall_end
     stalled_at = time.monotonic()
     taken: list[QueueLease] = []
     while not taken and time.monotonic() - stalled_at < STALL + 2:
-        taken = list(peer.acquire_leases("b", ttl_ms=30_000, limit=1))
+        taken = list(peer.leases.acquire_leases("b", ttl_ms=30_000, limit=1))
         time.sleep(0.05)
     took_over_after = time.monotonic() - stalled_at
     worker.join(timeout=STALL + 10)
@@ -126,7 +126,7 @@ def test_a_heartbeat_does_not_wait_for_a_peer_holding_an_expired_archiver_row(
     two_stores: tuple[MetadataStore, MetadataStore],
 ) -> None:
     paused, peer = two_stores
-    paused.heartbeat_archiver("gone", hostname="h", pid=1, ttl_ms=1)
+    paused.leases.heartbeat_archiver("gone", hostname="h", pid=1, ttl_ms=1)
     time.sleep(0.05)
     holder = paused.engine.connect()
     holder.begin()
@@ -134,7 +134,7 @@ def test_a_heartbeat_does_not_wait_for_a_peer_holding_an_expired_archiver_row(
     holder.exec_driver_sql("SELECT owner FROM archivers WHERE owner = 'gone' FOR UPDATE")
     memberships: list[Membership] = []
     worker = threading.Thread(
-        target=lambda: memberships.append(peer.heartbeat_archiver("b", hostname="h", pid=2, ttl_ms=3000))
+        target=lambda: memberships.append(peer.leases.heartbeat_archiver("b", hostname="h", pid=2, ttl_ms=3000))
     )
     started = time.monotonic()
     try:
@@ -146,6 +146,6 @@ def test_a_heartbeat_does_not_wait_for_a_peer_holding_an_expired_archiver_row(
         worker.join(timeout=10)
     assert took < 2, f"the heartbeat waited {took:.2f}s for the peer's transaction"
     assert [(m.live_archivers, m.queues) for m in memberships] == [(1, 0)]
-    peer.heartbeat_archiver("b", hostname="h", pid=2, ttl_ms=3000)  # the row is free now: forgotten
+    peer.leases.heartbeat_archiver("b", hostname="h", pid=2, ttl_ms=3000)  # the row is free now: forgotten
     with peer.engine.connect() as connection:
         assert connection.exec_driver_sql("SELECT owner FROM archivers").scalars().all() == ["b"]

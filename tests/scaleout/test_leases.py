@@ -90,21 +90,23 @@ def test_an_expired_lease_is_taken_over_with_a_bumped_epoch_and_the_old_owner_le
 def test_a_stale_epoch_cannot_record_positions(stores: list[MetadataStore]) -> None:
     zombie = LeaseManager(stores[0], owner="zombie", lease_duration=1.5, renew_interval=0.5)
     zombie.round()
-    stores[0].set_epoch_fence(zombie.epoch_of)
+    hold = zombie.hold((TOPIC, 0))
+    epoch = hold.epoch()
     position = stores[0].get_queue(TOPIC, 0)
-    stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=10)  # while it holds the lease
+    # While it holds the lease.
+    stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=10, expected_epoch=epoch)
     time.sleep(1.7)
     LeaseManager(stores[1], owner="successor", lease_duration=1.5, renew_interval=0.5).round()
     position = stores[0].get_queue(TOPIC, 0)
     # The zombie has not noticed yet: it still believes it holds epoch 1; the database says 2.
     with pytest.raises(LeaseLostError, match="epoch 2"):
-        stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=20)
+        stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=20, expected_epoch=hold.epoch())
     with pytest.raises(LeaseLostError):
         stores[2].record_commit(TOPIC, 0, expected_version=position.version, max_offset=20, expected_epoch=1)
     assert stores[2].get_queue(TOPIC, 0).max_offset == 10
-    zombie.round()  # now it knows: the fence refuses before the database is even asked
+    zombie.round()  # now it knows: its hold refuses before the database is even asked
     with pytest.raises(LeaseLostError, match="holds no lease"):
-        stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=20)
+        stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=20, expected_epoch=hold.epoch())
     assert stores[2].get_queue(TOPIC, 0).max_offset == 10
 
 
@@ -176,14 +178,14 @@ def test_close_waits_for_a_round_in_flight_and_no_round_takes_a_lease_after_it(
     # thread goes on: it must not take leases back after close() handed them all back.
     archiver = LeaseManager(stores[0], owner="a", lease_duration=3.0, renew_interval=1.0)
     in_round, go_on = threading.Event(), threading.Event()
-    acquire = stores[0].acquire_leases
+    acquire = stores[0].leases.acquire_leases
 
     def slow_acquire(*args: Any, **kwargs: Any) -> Any:
         in_round.set()
         go_on.wait(10)
         return acquire(*args, **kwargs)
 
-    monkeypatch.setattr(stores[0], "acquire_leases", slow_acquire)
+    monkeypatch.setattr(stores[0].leases, "acquire_leases", slow_acquire)
     round_thread = threading.Thread(target=archiver.round)
     round_thread.start()
     assert in_round.wait(10)

@@ -1,8 +1,8 @@
 """Segment changes are fenced by the lease epoch like positions are: a zombie archiver cannot roll,
 seal, cut or delete the cold files of a queue another archiver has taken over.
 
-Before this, only ``record_commit`` named the epoch: an archiver paused past its lease could, on
-waking, seal the successor's open segment or add a segment row at its own (older) offset.
+An archiver paused past its lease could otherwise, on waking, seal the successor's open segment or add
+a segment row at its own (older) offset. Each change names the epoch its writer holds (an argument).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.formats.naming import FileType
 from tieredstore.leases import LeaseManager
-from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate, upgrade
+from tieredstore.metadata import LeaseHold, MetadataStore, SegmentStatus, SegmentUpdate, upgrade
 from tieredstore.providers.memory import MemoryProvider
 
 TOPIC = "Orders"
@@ -39,12 +39,11 @@ def stores(metadata_url: str) -> Iterator[list[MetadataStore]]:
         store.close()
 
 
-def hold_lease(zombie_store: MetadataStore) -> LeaseManager:
-    """The zombie holds the queue's lease and installs its fence, as an archiver with leases does."""
+def hold_lease(zombie_store: MetadataStore) -> LeaseHold:
+    """The zombie holds the queue's lease (without a storage hold), as it opens the queue under it."""
     zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
     zombie.round()
-    zombie_store.set_epoch_fence(zombie.epoch_of)
-    return zombie
+    return LeaseHold(QUEUE, zombie.epoch_of)
 
 
 def replace_after_stall(successor_store: MetadataStore) -> None:
@@ -55,32 +54,34 @@ def replace_after_stall(successor_store: MetadataStore) -> None:
 
 def test_a_stale_epoch_cannot_add_update_or_delete_a_queues_segments(stores: list[MetadataStore]) -> None:
     zombie_store, successor_store = stores
-    hold_lease(zombie_store)
-    zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE)  # while it holds the lease
+    epoch = hold_lease(zombie_store).epoch()
+    # While it holds the lease.
+    zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE, expected_epoch=epoch)
     replace_after_stall(successor_store)
     with pytest.raises(LeaseLostError, match="epoch 2"):
-        zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 100, queue=QUEUE)
+        zombie_store.add_segment(PATH, FileType.COMMIT_LOG, 100, queue=QUEUE, expected_epoch=epoch)
     with pytest.raises(LeaseLostError, match="epoch 2"):
         zombie_store.update_segment(
-            SegmentUpdate(PATH, FileType.COMMIT_LOG, 0, size=100, status=SegmentStatus.SEALED), queue=QUEUE
+            SegmentUpdate(PATH, FileType.COMMIT_LOG, 0, size=100, status=SegmentStatus.SEALED),
+            queue=QUEUE,
+            expected_epoch=epoch,
         )
     with pytest.raises(LeaseLostError, match="epoch 2"):
-        zombie_store.delete_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE)
+        zombie_store.delete_segment(PATH, FileType.COMMIT_LOG, 0, queue=QUEUE, expected_epoch=epoch)
     with pytest.raises(LeaseLostError):
-        zombie_store.check_lease(QUEUE)
+        zombie_store.leases.check_lease(QUEUE, epoch)
     # Nothing changed: one segment, still NEW and empty.
     rows = successor_store.list_segments(PATH, FileType.COMMIT_LOG)
     assert [(r.base_offset, r.status, r.size) for r in rows] == [(0, SegmentStatus.NEW, 0)]
-    # Without a fence (the CLI, a lone archiver) nothing is checked.
+    # Without an epoch (the CLI, a lone archiver) nothing is checked; the successor's epoch passes.
     successor_store.add_segment(PATH, FileType.COMMIT_LOG, 100, queue=QUEUE)
-    successor_store.check_lease(QUEUE)
+    successor_store.leases.check_lease(QUEUE, epoch + 1)
 
 
 async def test_a_zombie_archivers_roll_changes_nothing_the_successor_sees(stores: list[MetadataStore]) -> None:
     zombie_store, successor_store = stores
     provider = MemoryProvider()
-    hold_lease(zombie_store)
-    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, queue=QUEUE)
+    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, lease=hold_lease(zombie_store))
     await zombie_log.append(b"a" * 100, BASE_TIMESTAMP)
     await zombie_log.commit()
     replace_after_stall(successor_store)
@@ -103,9 +104,9 @@ def test_a_passed_lease_check_holds_the_queue_until_the_deletion_it_guards_is_do
     zombie_store, successor_store = stores
     zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
     zombie.round()
-    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
+    epoch = zombie.epoch_of(*QUEUE)
     time.sleep(1.7)  # expired: renewals stopped (a stall), but nobody has taken the queue yet
-    zombie_store.check_lease(QUEUE)  # about to cut orphan bytes
+    zombie_store.leases.check_lease(QUEUE, epoch, hold_ms=1500)  # about to cut orphan bytes
     successor = LeaseManager(successor_store, owner="successor", lease_duration=1.5, renew_interval=0.5)
     successor.round()
     assert not successor.holds(QUEUE), "the queue was taken over between the check and the deletion"
@@ -113,7 +114,7 @@ def test_a_passed_lease_check_holds_the_queue_until_the_deletion_it_guards_is_do
     successor.round()
     assert successor.holds(QUEUE)
     with pytest.raises(LeaseLostError, match="epoch 2"):
-        zombie_store.check_lease(QUEUE)
+        zombie_store.leases.check_lease(QUEUE, epoch, hold_ms=1500)
 
 
 async def test_a_zombie_truncation_before_a_takeover_holds_the_queue(
@@ -123,8 +124,7 @@ async def test_a_zombie_truncation_before_a_takeover_holds_the_queue(
     provider = MemoryProvider()
     zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
     zombie.round()
-    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
-    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, queue=QUEUE)
+    zombie_log = FlatCommitLogFile(provider, zombie_store, PATH, lease=zombie.hold(QUEUE))
     await zombie_log.append(b"a" * 100, BASE_TIMESTAMP)
     await zombie_log.commit()
     await asyncio.sleep(1.7)
@@ -139,10 +139,10 @@ def test_a_released_queue_refuses_storage_changes(stores: list[MetadataStore]) -
     zombie_store, _ = stores
     zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
     zombie.round()
-    zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
-    zombie_store.release_leases("zombie")  # e.g. shutting down while a deletion was about to start
+    epoch = zombie.epoch_of(*QUEUE)
+    zombie_store.leases.release_leases("zombie")  # e.g. shutting down while a deletion was about to start
     with pytest.raises(LeaseLostError, match="released"):
-        zombie_store.check_lease(QUEUE)
+        zombie_store.leases.check_lease(QUEUE, epoch, hold_ms=1500)
 
 
 async def test_a_zombie_cut_after_a_takeover_removes_nothing_the_successor_wrote(
@@ -171,23 +171,21 @@ async def test_a_zombie_cut_after_a_takeover_removes_nothing_the_successor_wrote
         # The zombie restarts under a lease, loads the queue's files and finds the orphan bytes ...
         zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
         zombie.round()
-        zombie_store.set_epoch_fence(zombie.epoch_of, storage_hold_ms=1500)
         stalled = FlatFileStore(provider, zombie_store, cluster="c", broker="b")._new_file(
-            zombie_store.get_queue(TOPIC, 0)
+            zombie_store.get_queue(TOPIC, 0), zombie.hold(QUEUE)
         )
         await stalled.commit_log.recover()
         await stalled.consume_queue.recover()
         referenced_end = sum(len(hot[offset]) for offset in range(10))
         assert stalled.commit_log.commit_offset > referenced_end
         # ... its lease check passes, and it stalls past its lease before cutting them.
-        zombie_store.check_lease = lambda queue: None  # type: ignore[method-assign]
+        zombie_store.leases.check_lease = lambda queue, epoch, hold_ms=None: None  # type: ignore[method-assign]
         await asyncio.sleep(1.7)
 
         successor = LeaseManager(successor_store, owner="successor", lease_duration=30, renew_interval=10)
         assert successor.round().acquired == [QUEUE]
-        successor_store.set_epoch_fence(successor.epoch_of, storage_hold_ms=30_000)
         archive = FlatFileStore(provider, successor_store, cluster="c", broker="b")
-        await archive.recover()
+        await archive.recover(leases=successor.hold)
         queue = archive.get(TOPIC, 0)
         assert queue.archived_offset == 20  # the commit cut short is finished: its records get their units
         hot |= await append_range(queue, 20, 30)
@@ -201,9 +199,35 @@ async def test_a_zombie_cut_after_a_takeover_removes_nothing_the_successor_wrote
             refused = True
 
         reloaded = FlatFileStore(provider, successor_store, cluster="c", broker="b")
-        await reloaded.recover()
+        await reloaded.recover(leases=successor.hold)
         assert reloaded.get(TOPIC, 0).archived_offset == 30
         assert await check_queue_invariant(reloaded.get(TOPIC, 0), reference=hot) == []
         assert refused
     finally:
         MemoryProvider.wipe(name)
+
+
+async def test_a_zombie_queue_opened_under_its_lease_cannot_record_a_commit_or_start_a_segment(
+    stores: list[MetadataStore],
+) -> None:
+    """The queue an archiver opened under its lease names that lease's epoch in each metadata change:
+    once a successor took the queue over, the zombie's commit records nothing, and its roll adds no row."""
+    zombie_store, successor_store = stores
+    provider = MemoryProvider()
+    zombie = LeaseManager(zombie_store, owner="zombie", lease_duration=1.5, renew_interval=0.5)
+    zombie.round()
+    flat = FlatFileStore(provider, zombie_store, cluster="c", broker="b")
+    queue = await flat.get_or_create(TOPIC, 0, lease=zombie.hold(QUEUE))
+    await append_range(queue, 0, 5)
+    assert await queue.commit() == 5  # while it holds the lease
+    recorded = successor_store.get_queue(TOPIC, 0)
+    replace_after_stall(successor_store)
+    await append_range(queue, 5, 10)
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        await queue.commit()
+    with pytest.raises(LeaseLostError, match="epoch 2"):
+        await queue.commit_log.roll(BASE_TIMESTAMP + 10)
+    now = successor_store.get_queue(TOPIC, 0)
+    assert (now.max_offset, now.version) == (recorded.max_offset, recorded.version)
+    assert (now.owner, now.epoch) == ("successor", 2)
+    assert [r.base_offset for r in successor_store.list_segments(queue.path, FileType.COMMIT_LOG)] == [0]

@@ -180,9 +180,9 @@ async def _cut_short_and_recover_under_a_lease(
     await flat_file.commit_log.commit()
     lease = LeaseManager(metadata, owner="spark-fixture", lease_duration=30, renew_interval=10)
     lease.round()
-    metadata.set_epoch_fence(lease.epoch_of, storage_hold_ms=30_000)
+    flat_file.lease = lease.hold((flat_file.topic, flat_file.queue_id))
     try:
         assert (await flat_file.recover()).orphan_bytes_abandoned > 0
     finally:
-        metadata.set_epoch_fence(None)
+        flat_file.lease = None
         lease.close()

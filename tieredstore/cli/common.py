@@ -44,7 +44,7 @@ def no_archiver_running(config: TieredStoreConfig, action: str) -> Iterator[None
         if lock is not None:
             stack.enter_context(lock)
         with MetadataStore.open(config.effective_metadata_url, create=False) as metadata:
-            live = metadata.live_archivers()
+            live = metadata.leases.live_archivers()
         if live:
             raise ArchiverRunningError(
                 f"{len(live)} archiver(s) running on this metadata database: {', '.join(live)}; stop them "
@@ -57,7 +57,7 @@ def archivers_seen_running(config: TieredStoreConfig, metadata: MetadataStore) -
     """The archivers that look alive on this metadata, found without taking their lock (a read-only
     command must not keep one from starting): live heartbeats, and with SQLite the lock file's last
     holder when that process still exists."""
-    seen = metadata.live_archivers()
+    seen = metadata.leases.live_archivers()
     lock = SingleArchiverLock.for_url(config.effective_metadata_url)
     if lock is None:
         return seen

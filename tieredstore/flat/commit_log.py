@@ -10,12 +10,12 @@ from __future__ import annotations
 import bisect
 import struct
 
-from tieredstore.basics import QueueKey, now_ms
+from tieredstore.basics import now_ms
 from tieredstore.errors import CorruptRecordError, NotFoundError
 from tieredstore.flat.append_file import DEFAULT_ROLLING_INTERVAL_MS, Clock, FlatAppendFile
 from tieredstore.formats.message import MIN_RECORD_SIZE, POS_QUEUE_OFFSET, store_timestamp_of
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore
+from tieredstore.metadata import LeaseHold, MetadataStore
 from tieredstore.providers.base import FileSegment, Provider
 
 RECORD_HEAD_SIZE = MIN_RECORD_SIZE + 40  # enough for any header field up to STORETIMESTAMP (IPv6 hosts)
@@ -33,7 +33,7 @@ class FlatCommitLogFile(FlatAppendFile):
         max_segment_size: int | None = None,
         rolling_interval_ms: int | None = DEFAULT_ROLLING_INTERVAL_MS,
         clock: Clock = now_ms,
-        queue: QueueKey | None = None,
+        lease: LeaseHold | None = None,
     ) -> None:
         super().__init__(
             provider,
@@ -43,7 +43,7 @@ class FlatCommitLogFile(FlatAppendFile):
             max_segment_size=max_segment_size,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=queue,
+            lease=lease,
         )
         self._first_queue_offsets: dict[int, int] = {}
 

@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 from tieredstore.basics import BoundaryType as BoundaryType  # still importable from here
-from tieredstore.basics import QueueKey, now_ms
+from tieredstore.basics import now_ms
 from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat.append_file import Clock, FlatAppendFile, HeldRuns
 from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit, iter_units
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import MetadataStore
+from tieredstore.metadata import LeaseHold, MetadataStore
 from tieredstore.providers.base import Provider
 
 TimestampOf = Callable[[ConsumeQueueUnit], Awaitable[int]]
@@ -64,7 +64,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
         initial_queue_offset: int = 0,
         rolling_interval_ms: int | None = None,
         clock: Clock = now_ms,
-        queue: QueueKey | None = None,
+        lease: LeaseHold | None = None,
     ) -> None:
         if max_segment_size is not None:
             max_segment_size -= max_segment_size % UNIT_SIZE
@@ -80,7 +80,7 @@ class FlatConsumeQueueFile(FlatAppendFile):
             commit_before=commit_log,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=queue,
+            lease=lease,
         )
         self._queue_runs: tuple[HeldRuns, QueueRuns] | None = None
 

@@ -7,9 +7,9 @@ commit offset: a message counts as archived only once both its unit and its byte
 Recovery after a crash rebuilds both files from metadata, corrects their last segments' sizes from
 the provider, then restores the invariant "every durable unit points at durable bytes, and every
 durable commit-log byte is pointed at": a trailing partial unit is cut, units whose bytes did not
-survive are cut, and commit-log bytes no unit references are removed. Under leases (an epoch fence
-installed) a cut deletes nothing: the segment is sealed at the cut and the file goes on in a new one,
-the cut bytes left in storage past the recorded size (``_cut``), so an archiver stalled inside its
+survive are cut, and commit-log bytes no unit references are removed. Under a lease (the file opened
+with a ``LeaseHold``) a cut deletes nothing: the segment is sealed at the cut and the file goes on in a
+new one, the cut bytes left in storage past the recorded size (``_cut``), so an archiver stalled inside its
 recovery cannot delete what a successor wrote in the meantime; and the whole records of a commit cut
 short after its commit-log bytes landed get their units instead (``_complete_cut_short_commit``).
 

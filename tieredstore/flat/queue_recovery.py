@@ -106,7 +106,7 @@ class QueueRecovery(QueueFiles):
                 newest_timestamp = store_timestamp_of(await self.commit_log.record_head(last_unit.commitlog_offset))
         orphans = max(0, self.commit_log.commit_offset - referenced_end)
         completed = 0
-        if orphans and self.metadata.fenced:
+        if orphans and self.lease is not None:
             completed, referenced_end, newest = await self._complete_cut_short_commit(referenced_end)
             if completed:
                 newest_timestamp = newest
@@ -158,13 +158,13 @@ class QueueRecovery(QueueFiles):
     async def _cut(self, flat_file: FlatCommitLogFile | FlatConsumeQueueFile, offset: int) -> bool:
         """Recovery's cut of ``flat_file`` at ``offset``; True if the bytes were abandoned.
 
-        Under leases (an epoch fence installed) committed bytes are abandoned in place where they can be
+        Under a lease (``self.lease``) committed bytes are abandoned in place where they can be
         (``FlatAppendFile.abandon_tail``), never deleted: a stalled archiver waking up inside its own
         recovery after a successor took the queue over must not delete what the successor wrote since,
         and storage cannot refuse a deletion the way metadata refuses a stale epoch. Otherwise, and
         where abandoning cannot be done, the bytes are truncated (after ``check_lease``).
         """
-        if self.metadata.fenced:
+        if self.lease is not None:
             if offset >= flat_file.commit_offset:
                 return False  # nothing committed to cut
             if await flat_file.abandon_tail(offset):

@@ -7,11 +7,11 @@ import asyncio
 from dataclasses import dataclass
 
 from tieredstore.basics import GIB, MIB, now_ms
-from tieredstore.errors import ReadOnlyError
+from tieredstore.errors import ReadOnlyError, ValidationError
 from tieredstore.flat.append_file import Clock
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import FlatConsumeQueueFile
-from tieredstore.metadata import MetadataStore, QueuePosition
+from tieredstore.metadata import LeaseHold, MetadataStore, QueuePosition
 from tieredstore.providers.base import Provider
 
 
@@ -38,7 +38,9 @@ class QueueFiles:
         *,
         settings: FlatFileSettings | None = None,
         clock: Clock = now_ms,
+        lease: LeaseHold | None = None,
     ) -> None:
+        """``lease``: the queue's lease when an archiver beside others writes it (see ``lease``)."""
         settings = settings or FlatFileSettings()
         rolling_interval_ms = int(settings.commit_log_rolling_interval * 1000)
         self.topic = position.topic
@@ -53,7 +55,7 @@ class QueueFiles:
             max_segment_size=settings.commit_log_max_size,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=(self.topic, self.queue_id),
+            lease=lease,
         )
         self.consume_queue = FlatConsumeQueueFile(
             provider,
@@ -64,7 +66,7 @@ class QueueFiles:
             initial_queue_offset=position.max_offset,
             rolling_interval_ms=rolling_interval_ms,
             clock=clock,
-            queue=(self.topic, self.queue_id),
+            lease=lease,
         )
         self._position = position
         # Serialises commits, expiry and recovery: two concurrent records would race on one version.
@@ -97,6 +99,23 @@ class QueueFiles:
         return self._position
 
     @property
+    def lease(self) -> LeaseHold | None:
+        """The queue's lease this file is written under; None when no other archiver can write the queue.
+
+        Under a lease every metadata change names the epoch held (refused with LeaseLostError once the
+        queue was taken over), a storage deletion checks and holds the lease first, and recovery cuts by
+        abandoning bytes rather than deleting them (``QueueRecovery._cut``).
+        """
+        return self.commit_log.lease
+
+    @lease.setter
+    def lease(self, lease: LeaseHold | None) -> None:
+        if lease is not None and lease.queue != (self.topic, self.queue_id):
+            raise ValidationError(f"a lease on {lease.queue} is not one on queue {self.topic}/{self.queue_id}")
+        self.commit_log.lease = lease
+        self.consume_queue.lease = lease
+
+    @property
     def read_only(self) -> bool:
         """Loaded from metadata as recorded (``load``): readable, never written or repaired."""
         return self.consume_queue.read_only
@@ -122,6 +141,7 @@ class QueueFiles:
             max_offset=archived,
             min_offset=min_offset,
             segments=updates,
+            expected_epoch=None if self.lease is None else self.lease.epoch(),
         )
         for update in updates:
             (self.commit_log if update.file_type == self.commit_log.file_type else self.consume_queue).mark_recorded(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -23,7 +23,7 @@ from tieredstore.errors import NotFoundError, TieredStoreError
 from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock
 from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult, read_view_rows
 from tieredstore.formats.naming import FileType, queue_path, validate_topic
-from tieredstore.metadata import MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
+from tieredstore.metadata import LeaseHold, MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import Provider
 
 log = structlog.get_logger(__name__)
@@ -66,7 +66,7 @@ class FlatFileStore:
     def queue_path(self, topic: str, queue_id: int) -> str:
         return queue_path(self.cluster, self.broker, topic, queue_id)
 
-    def _new_file(self, position: QueuePosition) -> FlatMessageFile:
+    def _new_file(self, position: QueuePosition, lease: LeaseHold | None = None) -> FlatMessageFile:
         return FlatMessageFile(
             self.provider,
             self.metadata,
@@ -74,6 +74,7 @@ class FlatFileStore:
             position,
             settings=self.settings,
             clock=self.clock,
+            lease=lease,
         )
 
     # ---- lookup and creation ---------------------------------------------------------------------
@@ -100,9 +101,13 @@ class FlatFileStore:
         """Queues whose last recovery failed, with the error."""
         return dict(self._failed)
 
-    async def get_or_create(self, topic: str, queue_id: int, *, start_offset: int = 0) -> FlatMessageFile:
+    async def get_or_create(
+        self, topic: str, queue_id: int, *, start_offset: int = 0, lease: LeaseHold | None = None
+    ) -> FlatMessageFile:
         """The queue's flat file: loaded, recovered from metadata if it exists there, or created at ``start_offset``.
 
+        ``lease``: the queue's lease when an archiver beside others opens it (its recovery and every
+        write then go under it, see ``FlatMessageFile.lease``); a file already loaded keeps its own.
         Different queues are opened concurrently (the archiver opens many at once on first sight); one
         queue is opened once however many callers ask.
         """
@@ -119,7 +124,7 @@ class FlatFileStore:
             position = await asyncio.to_thread(
                 self.metadata.get_or_create_queue, topic, queue_id, start_offset=start_offset
             )
-            flat_file = self._new_file(position)
+            flat_file = self._new_file(position, lease)
             path = flat_file.path
             commit_log_rows, consume_queue_rows = await asyncio.gather(
                 asyncio.to_thread(
@@ -174,8 +179,11 @@ class FlatFileStore:
 
     # ---- recovery --------------------------------------------------------------------------------
 
-    async def recover(self) -> RecoveryReport:
-        """Load every queue the metadata knows (not loaded yet), correcting each from storage."""
+    async def recover(self, *, leases: Callable[[QueueKey], LeaseHold] | None = None) -> RecoveryReport:
+        """Load every queue the metadata knows (not loaded yet), correcting each from storage.
+
+        ``leases``: each queue's lease, when the queues are recovered under leases (``LeaseManager.hold``).
+        """
         started = time.perf_counter()
         queues, segments = await asyncio.gather(
             asyncio.to_thread(self.metadata.list_queues),
@@ -187,7 +195,7 @@ class FlatFileStore:
         async def recover_one(position: QueuePosition) -> None:
             key = (position.topic, position.queue_id)
             path = self.queue_path(*key)
-            flat_file = self._new_file(position)
+            flat_file = self._new_file(position, None if leases is None else leases(key))
             async with limit:
                 try:
                     result = await flat_file.recover(
