@@ -79,7 +79,7 @@ class S3Settings(_Section):
     )
     region: str | None = Field(default=None, description="the bucket's region (default: from the AWS environment)")
     access_key_id: SecretStr | None = Field(
-        default=None, description="default: the usual AWS_* environment, profile or instance role"
+        default=None, description="S3 access key; default: the usual AWS_* environment, profile or instance role"
     )
     secret_access_key: SecretStr | None = Field(default=None, description="goes with access_key_id")
     session_token: SecretStr | None = Field(default=None, description="for temporary credentials only")
@@ -202,7 +202,7 @@ class ArchiverSettings(_Section):
     group_commit_timeout: float = Field(
         default=30.0, ge=0, description="seconds the oldest pending message of a queue may wait for its batch"
     )
-    group_commit_count: int = Field(default=4096, ge=1, description="messages pending in a queue that commit it")
+    group_commit_count: int = Field(default=4096, ge=1, description="messages pending in a queue that make it commit")
     group_commit_size: int = Field(
         default=4 * MIB, ge=1, description="bytes of one batch, always at least one message however large"
     )
@@ -375,8 +375,16 @@ class TieredStoreConfig(BaseSettings):
         description="the hot store: default <data_dir>/hot; a RocketMQ broker's storePathRootDir to archive "
         "that broker (tieredstore run --hot-mode follower)",
     )
-    metadata_url: str | None = Field(default=None, description="default: sqlite:///<data_dir>/metadata.db")
-    cold_url: str | None = Field(default=None, description="default: <data_dir>/cold (POSIX)")
+    metadata_url: str | None = Field(
+        default=None,
+        description="the metadata database: sqlite:///… or postgresql+psycopg://… (needed to run several "
+        "archivers); default: sqlite:///<data_dir>/metadata.db",
+    )
+    cold_url: str | None = Field(
+        default=None,
+        description="where the archive goes: a directory, s3://bucket/prefix or another fsspec URL; "
+        "default: <data_dir>/cold (POSIX)",
+    )
     cluster: str = Field(default="DefaultCluster", description="the RocketMQ cluster name the cold paths are under")
     broker: str = Field(default="broker-a", description="the broker name the cold paths are under; one per hot store")
     default_reserve_hours: float = Field(
