@@ -140,9 +140,7 @@ class HotSettings(_Section):
         description="sync: a put returns once its bytes are on disk; async: flushed every flush_interval",
     )
     flush_interval: float = Field(
-        default=0.5,
-        gt=0,
-        description="seconds between flushes of the hot store; the archiver takes only flushed messages",
+        default=0.5, gt=0, description="seconds between hot-store flushes; the archiver takes only flushed messages"
     )
     hot_retention_hours: float = Field(
         default=72, ge=0, description="hours a hot commit-log file is kept, and then deleted only once archived"
@@ -336,18 +334,14 @@ class ReadSettings(_Section):
 
 
 class IndexSettings(_Section):
-    """The key index."""
+    """The key index the archiver writes: RocketMQ IndexFiles (items as maxIndexNum, slots as maxHashSlotNum)."""
 
     section: ClassVar[str] = "index"
 
     index_max_items: int = Field(
-        default=20_000_000,
-        ge=1,
-        description="items of each archived key-index file, one key each (RocketMQ's maxIndexNum)",
+        default=20_000_000, ge=1, description="items (keys) of each archived key-index file (RocketMQ's maxIndexNum)"
     )
-    index_slot_count: int = Field(
-        default=5_000_000, ge=1, description="hash slots of each archived key-index file (RocketMQ's maxHashSlotNum)"
-    )
+    index_slot_count: int = Field(default=5_000_000, ge=1, description="hash slots of each archived key-index file")
     index_seal_interval: float = Field(
         default=3600.0,
         gt=0,
