@@ -74,17 +74,32 @@ class S3Settings(_Section):
         "receive_buffer_bytes": "GET connections ask for the receive buffer a chunk needs where the kernel grants it",
     }
 
-    endpoint_url: str | None = None
-    region: str | None = None
-    access_key_id: SecretStr | None = None
-    secret_access_key: SecretStr | None = None
-    session_token: SecretStr | None = None
-    addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    sse: Literal["AES256", "aws:kms"] | None = None
-    sse_kms_key_id: str | None = None
-    max_attempts: int = Field(default=5, ge=1, le=50)
+    endpoint_url: str | None = Field(
+        default=None, description="URL of MinIO or another S3-compatible service (default: AWS S3)"
+    )
+    region: str | None = Field(default=None, description="the bucket's region (default: from the AWS environment)")
+    access_key_id: SecretStr | None = Field(
+        default=None, description="S3 access key; default: the usual AWS_* environment, profile or instance role"
+    )
+    secret_access_key: SecretStr | None = Field(default=None, description="goes with access_key_id")
+    session_token: SecretStr | None = Field(default=None, description="for temporary credentials only")
+    addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="bucket in the path or in the host name; path for most S3-compatible services"
+    )
+    sse: Literal["AES256", "aws:kms"] | None = Field(
+        default=None, description="server-side encryption of every chunk written (default: the bucket's own)"
+    )
+    sse_kms_key_id: str | None = Field(default=None, description='the KMS key ARN, with sse = "aws:kms"')
+    max_attempts: int = Field(
+        default=5, ge=1, le=50, description="attempts of one S3 request, the first included, before it fails"
+    )
     # Connections one provider may hold open: cover the archiver's max_pending_commits plus concurrent readers.
-    max_pool_connections: int = Field(default=32, ge=1, le=1024)
+    max_pool_connections: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="connections per provider: at least max_pending_commits plus the concurrent readers",
+    )
     conditional_writes: ConditionalWrites = Field(
         default="required",
         description="required: check once before archiving that the endpoint refuses a second If-None-Match "
@@ -110,14 +125,32 @@ class HotSettings(_Section):
 
     section: ClassVar[str] = "hot"
 
-    commit_log_file_size: int = Field(default=GIB, ge=4096)
-    consume_queue_units_per_file: int = Field(default=300_000, ge=1)
-    max_message_size: int = Field(default=4 * MIB, ge=1)
-    max_queues_per_topic: int = Field(default=1024, ge=1)
-    flush_mode: Literal["async", "sync"] = "async"
-    flush_interval: float = Field(default=0.5, gt=0)
-    hot_retention_hours: float = Field(default=72, ge=0)
-    hot_disk_high_watermark: float = Field(default=0.95, gt=0, le=1)
+    commit_log_file_size: int = Field(
+        default=GIB,
+        ge=4096,
+        description="bytes of each commit-log file of a new hot store; existing files keep their size on disk",
+    )
+    consume_queue_units_per_file: int = Field(
+        default=300_000, ge=1, description="units (20 bytes each) of each consume-queue file of a new hot store"
+    )
+    max_message_size: int = Field(default=4 * MIB, ge=1, description="bytes of the largest body a put accepts")
+    max_queues_per_topic: int = Field(default=1024, ge=1, description="queue ids a topic may use: 0 to this minus one")
+    flush_mode: Literal["async", "sync"] = Field(
+        default="async",
+        description="sync: a put returns once its bytes are on disk; async: flushed every flush_interval",
+    )
+    flush_interval: float = Field(
+        default=0.5, gt=0, description="seconds between hot-store flushes; the archiver takes only flushed messages"
+    )
+    hot_retention_hours: float = Field(
+        default=72, ge=0, description="hours a hot commit-log file is kept, and then deleted only once archived"
+    )
+    hot_disk_high_watermark: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="fraction of the hot store's file system in use above which puts are refused",
+    )
     index_slot_count: int = Field(
         default=100_000,
         ge=1,
@@ -141,8 +174,12 @@ class SegmentSettings(_Section):
         "a quiet queue's data too",
     }
 
-    commit_log_max_size: int = Field(default=GIB, ge=4096)
-    consume_queue_max_size: int = Field(default=100 * MIB, ge=20)
+    commit_log_max_size: int = Field(
+        default=GIB, ge=4096, description="bytes after which a queue's cold commit-log segment rolls to a new one"
+    )
+    consume_queue_max_size: int = Field(
+        default=100 * MIB, ge=20, description="bytes after which a queue's cold consume-queue segment rolls"
+    )
     commit_log_rolling_interval: float = Field(
         default=24 * 3600,
         gt=0,
@@ -160,13 +197,26 @@ class ArchiverSettings(_Section):
         "tune_allocator": "tieredstore run always tunes glibc's allocator, except where a MALLOC_* variable is set",
     }
 
-    group_commit_timeout: float = Field(default=30.0, ge=0, description="seconds")
-    group_commit_count: int = Field(default=4096, ge=1)
-    group_commit_size: int = Field(default=4 * MIB, ge=1)
-    max_pending_commits: int = Field(default=8, ge=1)
+    group_commit_timeout: float = Field(
+        default=30.0, ge=0, description="seconds the oldest pending message of a queue may wait for its batch"
+    )
+    group_commit_count: int = Field(default=4096, ge=1, description="messages pending in a queue that make it commit")
+    group_commit_size: int = Field(
+        default=4 * MIB, ge=1, description="bytes of one batch, always at least one message however large"
+    )
+    max_pending_commits: int = Field(
+        default=8,
+        ge=1,
+        description="batches in memory or in flight, all queues together: slow storage slows the archiver instead",
+    )
     scan_interval: float = Field(default=1.0, gt=0, description="seconds between scans of idle queues")
-    start_from: str = Field(default="earliest", description="earliest | latest | an epoch-ms timestamp")
-    shutdown_timeout: float = Field(default=30.0, gt=0)
+    start_from: str = Field(
+        default="earliest",
+        description="where a queue seen for the first time starts: earliest | latest | an epoch-ms timestamp",
+    )
+    shutdown_timeout: float = Field(
+        default=30.0, gt=0, description="seconds in-flight commits may take to finish on SIGTERM or SIGINT"
+    )
     max_upload_bytes_per_second: int | None = Field(
         default=None,
         gt=0,
@@ -178,9 +228,13 @@ class ArchiverSettings(_Section):
         gt=0,
         description="seconds a storage call of a commit may take before it is abandoned and retried from its buffer",
     )
-    retry_initial_backoff: float = Field(default=0.2, gt=0)
-    retry_max_backoff: float = Field(default=30.0, gt=0)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    retry_initial_backoff: float = Field(
+        default=0.2, gt=0, description="seconds before a failed commit's first retry; doubled at each failure"
+    )
+    retry_max_backoff: float = Field(default=30.0, gt=0, description="seconds between retries at the most")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: a free one; none: off)"
+    )
     metrics_addr: str = Field(default="127.0.0.1", description="address /metrics binds to; 0.0.0.0 in a container")
     maintain_interval: float = Field(
         default=60.0,
@@ -192,7 +246,9 @@ class ArchiverSettings(_Section):
         default=None,
         description="split queues among several archivers by lease; default: on for PostgreSQL, off for SQLite",
     )
-    owner_id: str | None = Field(default=None, max_length=200, description="default: <hostname>-<pid>-<random>")
+    owner_id: str | None = Field(
+        default=None, max_length=200, description="this archiver's name in leases; default: <hostname>-<pid>-<random>"
+    )
     lease_duration: float = Field(default=30.0, gt=0, description="seconds a queue lease lasts unless renewed")
     lease_renew_interval: float = Field(default=10.0, gt=0, description="seconds between lease renewals")
     topics_include: tuple[str, ...] = Field(
@@ -251,11 +307,21 @@ class ReadSettings(_Section):
         "prefetch_handoff": "a reader that starts a prefetch gives its read a turn of the event loop to start",
     }
 
-    read_policy: ReadPolicy = ReadPolicy.NOT_IN_DISK
-    read_ahead_count: int = Field(default=4096, ge=1)
-    read_ahead_size: int = Field(default=16 * MIB, ge=1)
-    read_ahead_cache_bytes: int = Field(default=256 * MIB, ge=0)
-    read_ahead_ttl: float = Field(default=15.0, gt=0)
+    read_policy: ReadPolicy = Field(
+        default=ReadPolicy.NOT_IN_DISK,
+        description="which tier serves a read: DISABLE hot only, NOT_IN_DISK cold once the hot store lost the offset, "
+        "NOT_IN_MEM cold when the hot copy is not in memory, FORCE cold always",
+    )
+    read_ahead_count: int = Field(
+        default=4096, ge=1, description="messages a cold miss reads ahead in one window (two more are prefetched)"
+    )
+    read_ahead_size: int = Field(
+        default=16 * MIB, ge=1, description="bytes of one read-ahead window at the most, never below one message"
+    )
+    read_ahead_cache_bytes: int = Field(
+        default=256 * MIB, ge=0, description="bytes the read-ahead cache holds at the most; 0: no cache"
+    )
+    read_ahead_ttl: float = Field(default=15.0, gt=0, description="seconds a cached window stays after its last read")
     read_ahead_readers: int = Field(
         default=1,
         ge=0,
@@ -268,13 +334,20 @@ class ReadSettings(_Section):
 
 
 class IndexSettings(_Section):
-    """The key index."""
+    """The key index the archiver writes: RocketMQ IndexFiles (items as maxIndexNum, slots as maxHashSlotNum)."""
 
     section: ClassVar[str] = "index"
 
-    index_max_items: int = Field(default=20_000_000, ge=1)
-    index_slot_count: int = Field(default=5_000_000, ge=1)
-    index_seal_interval: float = Field(default=3600.0, gt=0, description="seconds")
+    index_max_items: int = Field(
+        default=20_000_000, ge=1, description="items (keys) of each archived key-index file (RocketMQ's maxIndexNum)"
+    )
+    index_slot_count: int = Field(default=5_000_000, ge=1, description="hash slots of each archived key-index file")
+    index_seal_interval: float = Field(
+        default=3600.0,
+        gt=0,
+        description="seconds after which a key-index file is sealed and uploaded even if not full: "
+        "readers elsewhere find its keys once uploaded",
+    )
 
 
 class TieredStoreConfig(BaseSettings):
@@ -287,17 +360,32 @@ class TieredStoreConfig(BaseSettings):
         frozen=True,
     )
 
-    data_dir: Path = DEFAULT_DATA_DIR
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR,
+        description="tieredstore's own files: SQLite metadata, key-index files, the default hot store and cold dir",
+    )
     hot_dir: Path = Field(
         default_factory=lambda values: values.get("data_dir", DEFAULT_DATA_DIR) / "hot",
         description="the hot store: default <data_dir>/hot; a RocketMQ broker's storePathRootDir to archive "
         "that broker (tieredstore run --hot-mode follower)",
     )
-    metadata_url: str | None = Field(default=None, description="default: sqlite:///<data_dir>/metadata.db")
-    cold_url: str | None = Field(default=None, description="default: <data_dir>/cold (POSIX)")
-    cluster: str = "DefaultCluster"
-    broker: str = "broker-a"
-    default_reserve_hours: float = Field(default=72, ge=0)
+    metadata_url: str | None = Field(
+        default=None,
+        description="the metadata database: sqlite:///… or postgresql+psycopg://… (needed to run several "
+        "archivers); default: sqlite:///<data_dir>/metadata.db",
+    )
+    cold_url: str | None = Field(
+        default=None,
+        description="where the archive goes: a directory, s3://bucket/prefix or another fsspec URL; "
+        "default: <data_dir>/cold (POSIX)",
+    )
+    cluster: str = Field(default="DefaultCluster", description="the RocketMQ cluster name the cold paths are under")
+    broker: str = Field(default="broker-a", description="the broker name the cold paths are under; one per hot store")
+    default_reserve_hours: float = Field(
+        default=72,
+        ge=0,
+        description="hours key-index files are kept at least, however short every topic's retention",
+    )
     s3: S3Settings = S3Settings()
     hot: HotSettings = HotSettings()
     segments: SegmentSettings = SegmentSettings()

@@ -57,7 +57,8 @@ from tieredstore.providers.base import Provider
 SCRATCH_URL = "sqlite://"
 DEFAULT_CONCURRENCY = 16
 
-# What cold storage cannot tell, and what the rebuilt database holds instead (README lists the same).
+# What cold storage cannot tell, and what the rebuilt database holds instead
+# (docs/operations/restore.md lists the same).
 DEFAULTED = (
     "topic retention: 72 h for every topic (set it again with `topic set-retention`)",
     "topic status: ACTIVE (a topic that was being deleted is back; delete it again)",

@@ -69,11 +69,11 @@ def configuration_reference_markdown() -> str:
     lines: list[str] = []
     for section, doc, _ in sections():
         lines += [f"### {f'[{section}]' if section else 'Top level'}", "", escape(doc), ""]
-        lines += ["| setting | type | default | meaning |", "|---|---|---|---|"]
+        lines += ["| setting | type | default | bounds | meaning |", "|---|---|---|---|---|"]
         for setting in by_section.get(section, []):
             where = f"{code(setting.name)}<br>{code(setting.environment_variable)}"
-            meaning = "; ".join(part for part in (escape(setting.description), setting.constraints) if part)
-            lines.append(f"| {where} | {setting.type} | {setting.default} | {meaning or '&nbsp;'} |")
+            cells = (where, setting.type, setting.default, setting.constraints, escape(setting.description))
+            lines.append("| " + " | ".join(cell or "&nbsp;" for cell in cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """The ``tieredstore`` root command: global options chosen once, typed errors mapped to exit codes.
 
-Exit codes (stable, documented in README):
+Exit codes (stable, documented in docs/reference/cli.md):
   0 ok · 1 other tieredstore error · 2 usage · 3 not found · 4 storage unreachable or refused ·
   5 integrity failure (corrupt data, verify found problems) · 6 schema mismatch · 7 bad configuration ·
   8 hot store full · 130 interrupted

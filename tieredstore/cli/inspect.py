@@ -108,7 +108,7 @@ def _cold_files(node: ReadNode) -> dict[str, _ColdFiles]:
 
 
 def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, Any]]:
-    """One row per queue known to metadata or the hot store (see README "status" for the fields)."""
+    """One row per queue known to metadata or the hot store (docs/reference/json-output.md lists the fields)."""
     positions = {(p.topic, p.queue_id): p for p in node.metadata.list_queues(topic)}
     files = _cold_files(node)
     hot = node.hot

@@ -54,7 +54,7 @@ def lost_line(topic: str, queue_id: int, lost: tuple[int, int]) -> str:
 
 
 def print_messages(cli: CliState, messages: Sequence[ReadMessage], fmt: MessageFormat) -> None:
-    """text: one line each; json: one object per line (README "JSON output"); raw: the record bytes.
+    """text: one line each; json: one object per line (docs/reference/json-output.md); raw: the record bytes.
 
     A hole stepped over is a line of its own in text, ``lost_before`` in JSON, a note on stderr in raw.
     """

@@ -52,7 +52,7 @@ def body_fields(body: bytes) -> dict[str, str]:
 
 
 def message_fields(record: MessageRecord, *, tier: Tier, size: int) -> dict[str, Any]:
-    """The stable JSON shape of one message (documented in README, "JSON output")."""
+    """The stable JSON shape of one message (documented in docs/reference/json-output.md)."""
     fields: dict[str, Any] = {
         "topic": record.topic,
         "queue_id": record.queue_id,
