@@ -9,7 +9,8 @@ carry no keys, so it measures the index's overhead on a key-less workload).
 
 Plain ``cp`` never fsyncs: it leaves the copy in the page cache, while the archiver makes every commit
 durable before it records it. A second baseline, ``cp -r`` followed by an fsync of every copied file
-and directory, is the fair durability-equivalent comparison; both are reported side by side.
+and directory, is the fair durability-equivalent comparison and the only one with a target. The plain
+``cp`` rows stay, without a target, to show what the durability itself costs the copy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from benchmarks.workloads import HotData, archive, config_for, fill_hot_store, n
 QUEUES = 16
 BODY_BYTES = 1024
 FULL_MESSAGES = 1_000_000
-TARGET = Target.at_least(0.8, "≥ 0.8 (80% of raw cp)")
 FSYNC_TARGET = Target.at_least(0.8, "≥ 0.8 (80% of cp + fsync: the fair durability-equivalent comparison)")
 
 
@@ -72,7 +72,6 @@ def archive_posix(ctx: BenchmarkContext) -> None:
                 lambda d, with_index=with_index: _archive(hot, d, with_index=with_index),  # type: ignore[misc]
             ),
             unit="msg",
-            target=TARGET,
         )
         ctx.compare(
             f"archive, {label}, vs cp + fsync",

@@ -1,12 +1,13 @@
 """Group commit for sync puts, and the flush thread that periodically flushes everything and writes the checkpoint.
 
-A sync put waits in ``wait_durable`` for the commit-log offset it needs durable. If no commit-log
-sync is running, the waiter leads one itself (no hand-off to another thread): it takes everything
-written so far as the sync's target, so one disk sync covers every put that landed before it
-started. Waiters arriving while a sync runs follow it: those whose bytes it covers wait for just
-that sync; later ones wait for it to end and then lead or follow the next. Each sync wakes only
-the waiters of that sync, never a shared crowd. The disk sync runs with the GIL released, so
-producers keep appending (and gathering into the next sync) while it runs.
+A sync put waits in ``wait_durable`` for the commit-log offset it needs durable, and is woken once,
+when a sync covering it has ended. If no commit-log sync is running, the waiter leads one itself (no
+hand-off to another thread): it takes everything written so far as the sync's target. Waiters
+arriving while a sync runs follow it if it covers their bytes; the others join the next round, which
+waits to start until the running sync ends, then takes as its target everything written by then: one
+disk sync for every put that landed while the previous one ran. The first to join the next round
+leads it. Each sync wakes only the waiters of that round, never a shared crowd. The disk sync runs
+with the GIL released, so producers keep appending (and joining the next round) while it runs.
 
 Every ``flush_interval`` the thread indexes the keys puts recorded, flushes the consume queues, the
 commit log and the key index and writes the checkpoint, in both flush modes (the store's ``flush``).
@@ -33,20 +34,25 @@ class FlushStats:
 
 
 class _SyncRound:
-    """One commit-log sync to ``target``; ``failure`` is what it raised.
+    """One commit-log sync to ``target`` (None until it starts); ``failure`` is what it raised.
 
     Its gate is a bare lock the leader holds until the sync ends. Each follower takes it and passes
     it straight on, so the followers wake one after another, each needing the GIL only in its turn,
     instead of all at once (a Condition's notify_all makes every waiter fight for its lock and the GIL).
+    A round queued behind a running sync has a start gate too, on which its leader waits for that sync.
     """
 
-    __slots__ = ("failure", "gate", "target")
+    __slots__ = ("failure", "gate", "start", "target")
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int | None, *, queued: bool = False) -> None:
         self.target = target
-        self.gate = threading.Lock()
-        self.gate.acquire()
+        self.gate = _held_lock()
+        self.start = _held_lock() if queued else None
         self.failure: OSError | ValueError | None = None
+
+    def covers(self, end_offset: int) -> bool:
+        """Whether this round's sync makes ``end_offset`` durable: a round not started yet covers every byte written."""
+        return self.target is None or end_offset <= self.target
 
     def wait(self) -> None:
         with self.gate:
@@ -54,6 +60,12 @@ class _SyncRound:
 
     def finish(self) -> None:
         self.gate.release()
+
+
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 class Flusher:
@@ -74,7 +86,8 @@ class Flusher:
         self._flush_commit_log = flush_commit_log
         self._flush_all = flush_all
         self._round_lock = threading.Lock()
-        self._round: _SyncRound | None = None
+        self._round: _SyncRound | None = None  # the sync running (or about to start)
+        self._queued: _SyncRound | None = None  # the one that starts when it ends
         self._stop = threading.Event()
         self.stats = FlushStats()
         self._thread = threading.Thread(target=self._run, name="tieredstore-hot-flush", daemon=True)
@@ -83,29 +96,36 @@ class Flusher:
         self._thread.start()
 
     def wait_durable(self, end_offset: int) -> None:
-        """Block until the commit log is durable up to ``end_offset``; re-raises the failure of a sync it needed."""
-        counted = False
-        while True:
-            with self._round_lock:
-                if not counted:
-                    self.stats.sync_waits += 1
-                    counted = True
-                if self._flushed_offset() >= end_offset:
-                    return
-                current = self._round
-                leading = current is None
-                if current is None:
-                    current = self._round = _SyncRound(self._write_offset())
-            if leading:
-                self._lead(current)
-            else:
-                current.wait()
-            if end_offset <= current.target:
-                if current.failure is not None:
-                    raise current.failure
+        """Block until the commit log is durable up to ``end_offset``; re-raises the failure of the sync it needed."""
+        with self._round_lock:
+            self.stats.sync_waits += 1
+            if self._flushed_offset() >= end_offset:
                 return
+            current = self._round
+            leading = current is None
+            if current is None:
+                current = self._round = _SyncRound(self._write_offset())
+            elif not current.covers(end_offset):
+                # Written while the running sync was under way: the next round, which starts when it ends.
+                queued = self._queued
+                leading = queued is None
+                if queued is None:
+                    queued = self._queued = _SyncRound(None, queued=True)
+                current = queued
+        if leading:
+            if current.start is not None:
+                with current.start:
+                    pass
+                with self._round_lock:
+                    current.target = self._write_offset()
+            self._lead(current)
+        else:
+            current.wait()
+        if current.failure is not None:
+            raise current.failure
 
     def _lead(self, sync_round: _SyncRound) -> None:
+        assert sync_round.target is not None
         try:
             self._flush_commit_log(sync_round.target)
             self.stats.commit_log_syncs += 1
@@ -114,7 +134,11 @@ class Flusher:
             sync_round.failure = exc
         finally:
             with self._round_lock:
-                self._round = None
+                successor = self._round = self._queued
+                self._queued = None
+            # The next sync first: its disk work overlaps this round's followers waking.
+            if successor is not None and successor.start is not None:
+                successor.start.release()
             sync_round.finish()
 
     def _run(self) -> None:
