@@ -775,13 +775,14 @@ class Dispatcher:
         flat_file = state.flat_file
         assert flat_file is not None
         started = time.perf_counter()
-        try:
-            # The consume queue commits its commit log first: no unit is durable before its bytes.
-            await flat_file.consume_queue.commit()
+
+        async def put_entries() -> None:
             if self.index is not None and state.unrecorded_entries:
                 self.metrics.index_items.inc(await self.index.put(state.unrecorded_entries))
                 state.unrecorded_entries = []
-            await flat_file.commit()
+
+        try:
+            await flat_file.commit(on_durable=put_entries)
         except (TieredStoreError, OSError) as error:
             self._record_failure(state, error, phase="commit")
             return False

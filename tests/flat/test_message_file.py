@@ -43,6 +43,31 @@ async def test_commit_archives_and_records_positions(memory_provider: MemoryProv
     assert await check_queue_invariant(queue, reference=hot) == []
 
 
+async def test_commit_calls_its_hook_once_the_files_are_durable_and_before_the_positions_are_recorded(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    """The archiver puts key-index entries from the hook: they must never name a message that is not
+    durable, and a failing hook must leave the batch unrecorded, to be retried."""
+    queue = await new_store(memory_provider, metadata).get_or_create(TOPIC, 0)
+    await append_range(queue, 0, 5)
+    seen: list[tuple[int, int]] = []
+
+    async def failing_hook() -> None:
+        seen.append((queue.archived_offset, metadata.get_queue(TOPIC, 0).max_offset))
+        raise OSError("the key index is unreachable")
+
+    with pytest.raises(OSError, match="unreachable"):
+        await queue.commit(on_durable=failing_hook)
+    assert seen == [(5, 0)]  # both files durable, metadata not told yet
+    assert metadata.get_queue(TOPIC, 0).max_offset == 0
+
+    async def hook() -> None:
+        seen.append((queue.archived_offset, metadata.get_queue(TOPIC, 0).max_offset))
+
+    assert await queue.commit(on_durable=hook) == 5
+    assert seen[-1] == (5, 0) and metadata.get_queue(TOPIC, 0).max_offset == 5
+
+
 async def test_first_message_may_start_anywhere_then_offsets_must_follow(
     memory_provider: MemoryProvider, metadata: MetadataStore
 ) -> None:

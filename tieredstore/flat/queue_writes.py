@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -221,16 +221,22 @@ class QueueWrites(QueueFiles):
         if stored_offset != queue_offset:
             raise ValidationError(f"record holds queue offset {stored_offset}, appended as {queue_offset}")
 
-    async def commit(self) -> int:
-        """Commit the commit log, then the consume queue, then record positions; returns the archived offset.
+    async def commit(self, *, on_durable: Callable[[], Awaitable[object]] | None = None) -> int:
+        """Commit the commit log, then the consume queue, then call ``on_durable``, then record positions;
+        returns the archived offset.
 
-        A StorageError keeps every buffer for the next call; a metadata failure leaves the files
-        committed and the record is written by the next call (or corrected by recovery).
+        ``on_durable`` is where the archiver puts the batch's key-index entries: after the units they
+        point at are durable, before metadata counts them archived, so an entry never names a message
+        that is not archived and a crash before the record re-indexes them (recovery's ``RecoveryResult``).
+        A StorageError (or the hook's error) keeps every buffer for the next call; a metadata failure
+        leaves the files committed and the record is written by the next call (or corrected by recovery).
         """
         self._require_writable("commit")
         async with self._commit_lock:
             await self.commit_log.commit()
             await self.consume_queue.commit()
+            if on_durable is not None:
+                await on_durable()
             await self._record_positions()
             return self.archived_offset
 
