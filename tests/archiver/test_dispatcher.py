@@ -12,7 +12,7 @@ import structlog
 
 from tests.archiver.helpers import Archive, PathFaultProvider
 from tests.local.conftest import mapped_rss
-from tieredstore import dispatcher as dispatcher_module
+from tieredstore.archiver import hot_pages as hot_pages_module
 from tieredstore.errors import CorruptRecordError, StorageError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
@@ -126,7 +126,7 @@ async def test_a_following_archiver_maps_only_a_window_of_the_hot_store_while_it
 ) -> None:
     """Beside a producer (a follower), the archiver's mapped hot pages stay a window behind its reads
     instead of growing with the hot store: its peak RSS does not depend on how much it archives."""
-    monkeypatch.setattr(dispatcher_module, "PAGE_RELEASE_BYTES", 256 << 10)
+    monkeypatch.setattr(hot_pages_module, "PAGE_RELEASE_BYTES", 256 << 10)
     monkeypatch.setattr(follower_module, "GROW_RELEASE_BYTES", 256 << 10)
     archive.put("Paged", 0, 3000, size=4000)
     archive.hot.close()
