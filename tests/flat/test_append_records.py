@@ -43,7 +43,8 @@ async def test_a_packed_run_crossing_segments_archives_what_per_message_appends_
     # Two topics of equal name length: their records have equal sizes.
     one_by_one, packed = await store.get_or_create("TopicB", 0), await store.get_or_create(TOPIC, 0)
     for offset in range(50):
-        await one_by_one.append(make_record(offset, topic="TopicB"), offset, BASE_TIMESTAMP + offset, tags_hash())
+        one = (make_record(offset, topic="TopicB"), offset, BASE_TIMESTAMP + offset, tags_hash())
+        await one_by_one.append_records(RecordRun.of([one]))
     await one_by_one.commit()
     hot = {offset: make_record(offset) for offset in range(50)}
     assert await packed.append_records(run_of(0, 20)) == 0

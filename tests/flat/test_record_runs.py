@@ -1,4 +1,5 @@
-"""FlatMessageFile.append_batch: one call per batch lays down exactly what per-message appends would."""
+"""Runs of separate records (``RecordRun.of``) through ``append_records``: one call per batch lays down exactly what
+runs of one message would."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from tieredstore.errors import CorruptRecordError, MetadataError, ValidationError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
-from tieredstore.flat.message_file import BatchRecord
+from tieredstore.flat.message_file import BatchRecord, RecordRun
 from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore
@@ -44,12 +45,12 @@ async def test_a_batch_crossing_segments_archives_what_per_message_appends_do(
     one_by_one, batched = await store.get_or_create("TopicB", 0), await store.get_or_create(TOPIC, 0)
     for offset in range(60):
         raw = make_record(offset, topic="TopicB")
-        await one_by_one.append(raw, offset, BASE_TIMESTAMP + offset, tags_hash())
+        await one_by_one.append_records(RecordRun.of([(raw, offset, BASE_TIMESTAMP + offset, tags_hash())]))
     await one_by_one.commit()
     records = batch(0, 60)
     # Two batches, so the second starts in a part-filled segment of each file.
-    assert await batched.append_batch(records[:25]) == 0
-    await batched.append_batch(records[25:])
+    assert await batched.append_records(RecordRun.of(records[:25])) == 0
+    await batched.append_records(RecordRun.of(records[25:]))
     assert await batched.commit() == 60
 
     expected, got = await layout(one_by_one), await layout(batched)
@@ -80,7 +81,7 @@ async def test_a_message_larger_than_a_segment_gets_a_segment_of_its_own(
     large = make_record(3, size=3000)
     records.append((large, 3, BASE_TIMESTAMP + 3, tags_hash()))
     records += batch(4, 6)
-    await queue.append_batch(records)
+    await queue.append_records(RecordRun.of(records))
     assert await queue.commit() == 6
     sizes = [s.commit_position for s in queue.commit_log.segments]
     assert len(large) in sizes
@@ -101,13 +102,13 @@ async def test_a_bad_batch_is_refused_whole_and_nothing_is_buffered(
 ) -> None:
     store = FlatFileStore(memory_provider, metadata, cluster="c", broker="b", settings=SMALL)
     queue = await store.get_or_create(TOPIC, 0)
-    await queue.append_batch(batch(0, 5))
+    await queue.append_records(RecordRun.of(batch(0, 5)))
     await queue.commit()
     bad = mangle(batch(5, 12))
     with pytest.raises(error, match=match):
-        await queue.append_batch(bad)
+        await queue.append_records(RecordRun.of(bad))
     assert (queue.append_offset, queue.has_pending) == (5, False)
-    await queue.append_batch(batch(5, 12))
+    await queue.append_records(RecordRun.of(batch(5, 12)))
     assert await queue.commit() == 12
     assert await check_queue_invariant(queue) == []
 
@@ -130,12 +131,12 @@ async def test_a_metadata_failure_mid_batch_keeps_units_and_records_in_step(
 
     monkeypatch.setattr(metadata, "add_segment", fails_on_the_second_consume_queue_segment)
     with pytest.raises(MetadataError):
-        await queue.append_batch(records)
+        await queue.append_records(RecordRun.of(records))
     buffered_to = queue.append_offset
     assert 0 < buffered_to < 30
     # Every record buffered in the commit log has its unit: the retry continues where the units end.
     assert queue.commit_log.append_offset == sum(len(r[0]) for r in records[:buffered_to])
     monkeypatch.setattr(metadata, "add_segment", add_segment)
-    await queue.append_batch(records[buffered_to:])
+    await queue.append_records(RecordRun.of(records[buffered_to:]))
     assert await queue.commit() == 30
     assert await check_queue_invariant(queue, reference={r[1]: r[0] for r in records}) == []
