@@ -1,5 +1,5 @@
-"""Runs of separate records (``RecordRun.of``) through ``append_records``: one call per batch lays down exactly what
-runs of one message would."""
+"""Runs built from separate records (``RecordRun.of``) through ``append_records``: segment splits, refusals, and
+failures part way through a run."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 from tieredstore.errors import CorruptRecordError, MetadataError, ValidationError
-from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
+from tieredstore.flat import FlatFileSettings, FlatFileStore, check_queue_invariant
 from tieredstore.flat.message_file import BatchRecord, RecordRun
-from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.memory import MemoryProvider
@@ -25,50 +24,6 @@ def batch(start: int, end: int, *, queue_id: int = 0) -> list[BatchRecord]:
     return [
         (make_record(offset, queue_id=queue_id), offset, BASE_TIMESTAMP + offset, tags_hash())
         for offset in range(start, end)
-    ]
-
-
-async def layout(queue: FlatMessageFile) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[bytes]]:
-    """Segment (base, size) of both files and every archived record: what a reader sees."""
-    return (
-        [(s.base_offset, s.commit_position) for s in queue.commit_log.segments],
-        [(s.base_offset, s.commit_position) for s in queue.consume_queue.segments],
-        await queue.read_messages(queue.min_offset, 10_000),
-    )
-
-
-async def test_a_batch_crossing_segments_archives_what_per_message_appends_do(
-    memory_provider: MemoryProvider, metadata: MetadataStore
-) -> None:
-    store = FlatFileStore(memory_provider, metadata, cluster="c", broker="b", settings=SMALL)
-    # Two topics of equal name length, so their records have equal sizes: one per message, one by batches.
-    one_by_one, batched = await store.get_or_create("TopicB", 0), await store.get_or_create(TOPIC, 0)
-    for offset in range(60):
-        raw = make_record(offset, topic="TopicB")
-        await one_by_one.append_records(RecordRun.of([(raw, offset, BASE_TIMESTAMP + offset, tags_hash())]))
-    await one_by_one.commit()
-    records = batch(0, 60)
-    # Two batches, so the second starts in a part-filled segment of each file.
-    assert await batched.append_records(RecordRun.of(records[:25])) == 0
-    await batched.append_records(RecordRun.of(records[25:]))
-    assert await batched.commit() == 60
-
-    expected, got = await layout(one_by_one), await layout(batched)
-    assert len(got[0]) > 2 and len(got[1]) > 2  # the batches rolled both files several times
-    assert got[:2] == expected[:2]
-    assert [decode(r).physical_offset for r in got[2]] == [decode(r).physical_offset for r in expected[2]]
-    for offset, record in enumerate(got[2]):
-        unit = (await batched.read_units(offset, 1))[0]
-        assert decode(record).physical_offset == unit.commitlog_offset
-        hot = records[offset][0]
-        assert record[:POS_PHYSICAL_OFFSET] + record[POS_PHYSICAL_OFFSET + 8 :] == (
-            hot[:POS_PHYSICAL_OFFSET] + hot[POS_PHYSICAL_OFFSET + 8 :]
-        )
-        assert unit.tag_hash == tags_hash()
-    assert await check_queue_invariant(batched, reference={r[1]: r[0] for r in records}) == []
-    rows = metadata.list_segments(batched.path, FileType.COMMIT_LOG)
-    assert [(r.begin_timestamp, r.end_timestamp) for r in rows[:-1]] == [
-        (s.min_timestamp, s.max_timestamp) for s in one_by_one.commit_log.segments[:-1]
     ]
 
 
