@@ -223,7 +223,8 @@ class Dispatcher(LeaseRounds, Maintenance):
                 continue
             if not flat_file.has_pending and flat_file.position.max_offset != flat_file.archived_offset:
                 try:
-                    await asyncio.wait_for(flat_file.commit(), timeout=remaining)
+                    # The batch's key-index entries go in first: once recorded, nothing re-indexes them.
+                    await asyncio.wait_for(flat_file.commit(on_durable=worker.put_entries), timeout=remaining)
                 except (TieredStoreError, OSError, TimeoutError) as error:
                     log.warning(
                         "positions not recorded at shutdown",

@@ -202,7 +202,7 @@ class QueueWorker:
         archiver = self.archiver
         started = time.perf_counter()
         try:
-            await flat_file.commit(on_durable=self._put_entries)
+            await flat_file.commit(on_durable=self.put_entries)
         except (TieredStoreError, OSError) as error:
             self.record_failure(error, phase="commit")
             return False
@@ -225,7 +225,9 @@ class QueueWorker:
         self.update_lag()
         return True
 
-    async def _put_entries(self) -> None:
+    async def put_entries(self) -> None:
+        """Put the key-index entries of what is buffered or committed but not recorded (``FlatMessageFile.commit``'s
+        hook: after the units are durable, before metadata counts them archived)."""
         index = self.archiver.index
         if index is not None and self.unrecorded_entries:
             self.archiver.metrics.index_items.inc(await index.put(self.unrecorded_entries))
