@@ -407,14 +407,14 @@ async def test_a_queue_lost_while_its_cold_queue_opens_is_let_go(archive: Archiv
     await dispatcher.start()
     open_queue = dispatcher._open_queue
 
-    async def open_then_lose(state: Any) -> None:
-        await open_queue(state)
-        dispatcher._unload(state)
+    async def open_then_lose(worker: Any) -> None:
+        await open_queue(worker)
+        dispatcher._unload(worker)
         if opening == "fails":
             raise StorageError("the cold tier went away mid-open")
 
     dispatcher._open_queue = open_then_lose  # type: ignore[method-assign]
-    assert await dispatcher._opened_state("Contested", 0) is None  # no KeyError escapes the dispatcher
+    assert await dispatcher._opened_worker("Contested", 0) is None  # no KeyError escapes the dispatcher
     assert ("Contested", 0) not in dispatcher._queues
     dispatcher._open_queue = open_queue  # type: ignore[method-assign]
     # Leased again later, the queue is opened afresh and archives normally.

@@ -137,7 +137,7 @@ class ArchiverCore:
         """Whether this dispatcher may write the queue now (always, without leases)."""
         return self.leases is None or self.leases.holds(key)
 
-    async def _state(self, topic: str, queue_id: int) -> QueueWorker:
+    async def _worker(self, topic: str, queue_id: int) -> QueueWorker:
         """The queue's worker, its cold queue opened (errors propagate)."""
         key = (topic, queue_id)
         worker = self._queues.get(key)
@@ -148,7 +148,7 @@ class ArchiverCore:
             await self._open_queue(worker)
         return worker
 
-    async def _opened_state(self, topic: str, queue_id: int) -> QueueWorker | None:
+    async def _opened_worker(self, topic: str, queue_id: int) -> QueueWorker | None:
         """The queue's worker, or None when its cold queue cannot be opened now (backing off, failed, not leased)."""
         if not self._serves((topic, queue_id)):
             return None
@@ -157,7 +157,7 @@ class ArchiverCore:
             return None
         key = (topic, queue_id)
         try:
-            opened = await self._state(topic, queue_id)
+            opened = await self._worker(topic, queue_id)
         except (TieredStoreError, OSError) as error:
             failed = self._queues.get(key)
             # A lease round may have found the queue lost (and unloaded it) while it was opening.
@@ -193,7 +193,7 @@ class ArchiverCore:
 
         async def open_one(key: QueueKey) -> None:
             async with limit:
-                await self._opened_state(*key)
+                await self._opened_worker(*key)
 
         unopened = [key for key in keys if self._serves(key) and self._needs_open(key)]
         if len(unopened) > 1:

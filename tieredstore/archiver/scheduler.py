@@ -115,7 +115,7 @@ class Dispatcher(LeaseRounds, Maintenance):
             log.error("cold queue could not be recovered", topic=topic, queue_id=queue_id, error=str(error))
         for (topic, queue_id), result in report.changed.items():
             if self._recovery_to_reindex(result):
-                await self._reindex(await self._state(topic, queue_id), result)
+                await self._reindex(await self._worker(topic, queue_id), result)
         self._started = True
 
     # ---- the public loop entry points --------------------------------------------------------------
@@ -149,7 +149,7 @@ class Dispatcher(LeaseRounds, Maintenance):
             for key, target in targets.items():
                 if key in failed or not self._serves(key):
                     continue
-                worker = await self._opened_state(*key)
+                worker = await self._opened_worker(*key)
                 if worker is None:
                     worker = self._queues.get(key)
                     if worker is None:
@@ -273,7 +273,7 @@ class Dispatcher(LeaseRounds, Maintenance):
         for (topic, queue_id), view in snapshot.items():
             if not self._serves((topic, queue_id)):
                 continue  # released or lost since the snapshot
-            worker = await self._opened_state(topic, queue_id)
+            worker = await self._opened_worker(topic, queue_id)
             if worker is None:
                 continue
             if (topic, queue_id) not in known:
