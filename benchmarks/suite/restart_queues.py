@@ -19,6 +19,7 @@ from sqlalchemy import Engine, delete, insert, select, text
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Metric, benchmark, stopwatch
 from benchmarks.services import fresh_postgres_database, postgres_server_version
 from tieredstore.flat.append_file import RECOVERABLE_STATUSES
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.flat.store import FlatFileStore
 from tieredstore.formats.message import encode_raw
 from tieredstore.metadata import MetadataStore, upgrade
@@ -52,7 +53,7 @@ async def _archive_queues(flat_store: FlatFileStore, start: int, end: int) -> No
                 queue_offset=queue_offset,
                 store_timestamp=timestamp,
             )
-            await flat_file.append(record, queue_offset, timestamp, 0)
+            await flat_file.append_records(RecordRun.of([(record, queue_offset, timestamp, 0)]))
     await flat_store.commit_all()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tieredstore.dispatcher import Dispatcher
+from tieredstore.errors import StorageError
 from tieredstore.flat import FlatFileStore
 from tieredstore.formats.message import decode, store_timestamp_of
 from tieredstore.index import IndexEntry
@@ -65,3 +66,28 @@ async def test_messages_archived_but_not_recorded_before_a_crash_are_indexed_at_
         assert [(h.queue_id, h.queue_offset) for h in hits] == [(0, offset)]
     # Below the recorded position nothing is re-indexed (those entries were put at their own commit).
     assert await archive.index.query("Crashed", topic_id, "Crashed-0-5", 10, 0, 1 << 62, confirm) == []
+
+
+async def test_entries_whose_put_failed_go_in_before_shutdown_records_the_position(archive: Archive) -> None:
+    """Shutdown records the position of a queue whose last commit failed after its files were durable. Its
+    key-index entries must go in first: once metadata records the messages, nothing re-indexes them."""
+    archive.put("Keyed", 0, 10, keyed=True)
+    put: list[IndexEntry] = []
+    original = archive.index.put
+    failures_left = [1]
+
+    async def failing_once(entries: list[IndexEntry], *args: Any, **kwargs: Any) -> Any:
+        if failures_left[0]:
+            failures_left[0] -= 1
+            raise StorageError("the key index is unreachable")
+        put.extend(entries)
+        return await original(entries, *args, **kwargs)
+
+    archive.index.put = failing_once  # type: ignore[method-assign]
+    dispatcher = archive.dispatcher(group_commit_count=100, group_commit_timeout=0, retry_initial_backoff=60)
+    await dispatcher.scan(force=True)
+    assert [(q.archived_offset, q.failures) for q in dispatcher.status()] == [(10, 1)]
+    assert archive.metadata.get_queue("Keyed", 0).max_offset == 0
+    await dispatcher.shutdown()
+    assert archive.metadata.get_queue("Keyed", 0).max_offset == 10
+    assert sorted(entry.queue_offset for entry in put) == list(range(10))

@@ -12,7 +12,7 @@ import structlog
 
 from tests.archiver.helpers import Archive, PathFaultProvider
 from tests.local.conftest import mapped_rss
-from tieredstore import dispatcher as dispatcher_module
+from tieredstore.archiver import hot_pages as hot_pages_module
 from tieredstore.errors import CorruptRecordError, StorageError
 from tieredstore.fetcher import GetMessageStatus, MessageFetcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
@@ -121,7 +121,7 @@ async def test_a_following_archiver_maps_only_a_window_of_the_hot_store_while_it
 ) -> None:
     """Beside a producer (a follower), the archiver's mapped hot pages stay a window behind its reads
     instead of growing with the hot store: its peak RSS does not depend on how much it archives."""
-    monkeypatch.setattr(dispatcher_module, "PAGE_RELEASE_BYTES", 256 << 10)
+    monkeypatch.setattr(hot_pages_module, "PAGE_RELEASE_BYTES", 256 << 10)
     monkeypatch.setattr(follower_module, "GROW_RELEASE_BYTES", 256 << 10)
     archive.put("Paged", 0, 3000, size=4000)
     archive.hot.close()
@@ -402,14 +402,14 @@ async def test_a_queue_lost_while_its_cold_queue_opens_is_let_go(archive: Archiv
     await dispatcher.start()
     open_queue = dispatcher._open_queue
 
-    async def open_then_lose(state: Any) -> None:
-        await open_queue(state)
-        dispatcher._unload(state)
+    async def open_then_lose(worker: Any) -> None:
+        await open_queue(worker)
+        dispatcher._unload(worker)
         if opening == "fails":
             raise StorageError("the cold tier went away mid-open")
 
     dispatcher._open_queue = open_then_lose  # type: ignore[method-assign]
-    assert await dispatcher._opened_state("Contested", 0) is None  # no KeyError escapes the dispatcher
+    assert await dispatcher._opened_worker("Contested", 0) is None  # no KeyError escapes the dispatcher
     assert ("Contested", 0) not in dispatcher._queues
     dispatcher._open_queue = open_queue  # type: ignore[method-assign]
     # Leased again later, the queue is opened afresh and archives normally.

@@ -12,6 +12,7 @@ import pytest
 from tests.cli.helpers import Node, hot_records, without_physical_offset
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.config import TieredStoreConfig, load_config
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import decode, tag_hash
 from tieredstore.formats.naming import FileType, queue_path, segment_key
@@ -37,7 +38,8 @@ async def _archive_with_hole(config: TieredStoreConfig, records: dict[int, bytes
                 # What the archiver does when the hot store dropped offsets it never archived.
                 await flat_file.skip_to(RESUME)
             record = decode(records[offset])
-            await flat_file.append(records[offset], offset, record.store_timestamp, tag_hash(record.tags))
+            run = RecordRun.of([(records[offset], offset, record.store_timestamp, tag_hash(record.tags))])
+            await flat_file.append_records(run)
             if offset % 40 == 39:
                 await flat_file.commit()
         await flat_file.commit()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tieredstore.flat import FlatMessageFile
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import MessageRecord, tag_hash
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import FileSegment, Provider
@@ -56,7 +57,7 @@ async def append_range(
     for offset in range(start, end):
         timestamp = timestamp_of(offset) if timestamp_of else BASE_TIMESTAMP + offset
         record = make_record(offset, topic=flat_file.topic, queue_id=flat_file.queue_id, store_timestamp=timestamp)
-        await flat_file.append(record, offset, timestamp, tags_hash())
+        await flat_file.append_records(RecordRun.of([(record, offset, timestamp, tags_hash())]))
         records[offset] = record
     return records
 

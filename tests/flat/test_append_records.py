@@ -16,6 +16,7 @@ from tieredstore.errors import CorruptRecordError, ValidationError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, check_queue_invariant
 from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import POS_MAGIC, POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, decode
+from tieredstore.formats.naming import FileType
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
 from tieredstore.local.store import PutRequest
 from tieredstore.metadata import MetadataStore
@@ -43,7 +44,8 @@ async def test_a_packed_run_crossing_segments_archives_what_per_message_appends_
     # Two topics of equal name length: their records have equal sizes.
     one_by_one, packed = await store.get_or_create("TopicB", 0), await store.get_or_create(TOPIC, 0)
     for offset in range(50):
-        await one_by_one.append(make_record(offset, topic="TopicB"), offset, BASE_TIMESTAMP + offset, tags_hash())
+        one = (make_record(offset, topic="TopicB"), offset, BASE_TIMESTAMP + offset, tags_hash())
+        await one_by_one.append_records(RecordRun.of([one]))
     await one_by_one.commit()
     hot = {offset: make_record(offset) for offset in range(50)}
     assert await packed.append_records(run_of(0, 20)) == 0
@@ -52,6 +54,7 @@ async def test_a_packed_run_crossing_segments_archives_what_per_message_appends_
 
     segments = [(s.base_offset, s.commit_position) for s in packed.commit_log.segments]
     assert len(segments) > 2, "the runs were split over several commit-log segments"
+    assert len(packed.consume_queue.segments) > 2, "and over several consume-queue segments"
     assert segments == [(s.base_offset, s.commit_position) for s in one_by_one.commit_log.segments]
     assert [(s.base_offset, s.commit_position) for s in packed.consume_queue.segments] == [
         (s.base_offset, s.commit_position) for s in one_by_one.consume_queue.segments
@@ -65,7 +68,13 @@ async def test_a_packed_run_crossing_segments_archives_what_per_message_appends_
         assert without_physical_offset(record) == without_physical_offset(hot[offset])
         assert (unit.size, unit.tag_hash) == (len(hot[offset]), tags_hash())
         position += len(record)
+    one_by_one_records = await one_by_one.read_messages(0, 100)
+    assert [decode(r).physical_offset for r in archived] == [decode(r).physical_offset for r in one_by_one_records]
     assert await check_queue_invariant(packed, reference=hot) == []
+    rows = metadata.list_segments(packed.path, FileType.COMMIT_LOG)
+    assert [(r.begin_timestamp, r.end_timestamp) for r in rows[:-1]] == [
+        (s.min_timestamp, s.max_timestamp) for s in one_by_one.commit_log.segments[:-1]
+    ]
 
 
 def mangled(index: int, position: int, data: bytes) -> Callable[[RecordRun], RecordRun]:

@@ -9,6 +9,7 @@ import pytest
 
 from tieredstore.errors import CorruptRecordError, NotFoundError, ValidationError
 from tieredstore.flat import BoundaryType, FlatFileSettings, FlatFileStore, check_queue_invariant
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore, SegmentStatus, upgrade
@@ -43,6 +44,31 @@ async def test_commit_archives_and_records_positions(memory_provider: MemoryProv
     assert await check_queue_invariant(queue, reference=hot) == []
 
 
+async def test_commit_calls_its_hook_once_the_files_are_durable_and_before_the_positions_are_recorded(
+    memory_provider: MemoryProvider, metadata: MetadataStore
+) -> None:
+    """The archiver puts key-index entries from the hook: they must never name a message that is not
+    durable, and a failing hook must leave the batch unrecorded, to be retried."""
+    queue = await new_store(memory_provider, metadata).get_or_create(TOPIC, 0)
+    await append_range(queue, 0, 5)
+    seen: list[tuple[int, int]] = []
+
+    async def failing_hook() -> None:
+        seen.append((queue.archived_offset, metadata.get_queue(TOPIC, 0).max_offset))
+        raise OSError("the key index is unreachable")
+
+    with pytest.raises(OSError, match="unreachable"):
+        await queue.commit(on_durable=failing_hook)
+    assert seen == [(5, 0)]  # both files durable, metadata not told yet
+    assert metadata.get_queue(TOPIC, 0).max_offset == 0
+
+    async def hook() -> None:
+        seen.append((queue.archived_offset, metadata.get_queue(TOPIC, 0).max_offset))
+
+    assert await queue.commit(on_durable=hook) == 5
+    assert seen[-1] == (5, 0) and metadata.get_queue(TOPIC, 0).max_offset == 5
+
+
 async def test_first_message_may_start_anywhere_then_offsets_must_follow(
     memory_provider: MemoryProvider, metadata: MetadataStore
 ) -> None:
@@ -51,7 +77,7 @@ async def test_first_message_may_start_anywhere_then_offsets_must_follow(
     await queue.commit()
     assert (queue.min_offset, queue.archived_offset) == (1000, 1003)
     with pytest.raises(ValidationError, match="expects offset 1003 next, not 1005"):
-        await queue.append(make_record(1005, queue_id=1), 1005, BASE_TIMESTAMP, 0)
+        await queue.append_records(RecordRun.of([(make_record(1005, queue_id=1), 1005, BASE_TIMESTAMP, 0)]))
     assert [decode(r).queue_offset for r in await queue.read_messages(1000, 10)] == [1000, 1001, 1002]
     with pytest.raises(NotFoundError):
         await queue.read_units(999, 1)
@@ -73,7 +99,7 @@ async def test_bad_records_are_refused_and_nothing_is_written(
     queue = await new_store(memory_provider, metadata).get_or_create(TOPIC, 0)
     await append_range(queue, 0, 2)
     with pytest.raises(error):
-        await queue.append(mangle(make_record(2)), 2, BASE_TIMESTAMP, 0)  # type: ignore[operator]
+        await queue.append_records(RecordRun.of([(mangle(make_record(2)), 2, BASE_TIMESTAMP, 0)]))  # type: ignore[operator]
     assert queue.append_offset == 2
     assert await queue.commit() == 2
     assert await check_queue_invariant(queue) == []

@@ -7,6 +7,7 @@ import pytest
 
 from tieredstore.errors import NotFoundError, ReadOnlyError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import decode
 from tieredstore.formats.naming import FileType
@@ -44,7 +45,7 @@ async def test_a_view_reads_what_is_recorded_and_refuses_every_write(
     assert await check_queue_invariant(view, reference=hot) == []
 
     refused = [
-        view.append(make_record(20), 20, BASE_TIMESTAMP, 0),
+        view.append_records(RecordRun.of([(make_record(20), 20, BASE_TIMESTAMP, 0)])),
         view.commit(),
         view.skip_to(30),
         view.recover(),

@@ -14,6 +14,7 @@ import pytest
 import tieredstore.runtime as runtime_module
 from tieredstore.config import TieredStoreConfig
 from tieredstore.flat import FlatMessageFile
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import MessageRecord, decode, tag_hash
 from tieredstore.formats.naming import FileType
 from tieredstore.index import IndexEntry
@@ -166,7 +167,9 @@ async def append_records(
     entries = []
     for number, raw in enumerate(records, start=1):
         record = decode(raw)
-        await flat_file.append(raw, record.queue_offset, record.store_timestamp, tag_hash(record.tags))
+        await flat_file.append_records(
+            RecordRun.of([(raw, record.queue_offset, record.store_timestamp, tag_hash(record.tags))])
+        )
         keys = [*record.keys, *([record.unique_key] if record.unique_key else [])]
         if keys:
             entries.append(

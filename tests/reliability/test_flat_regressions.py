@@ -16,6 +16,7 @@ import pytest
 from tests.reliability.workload import append_records, make_record, new_flat_store
 from tieredstore.errors import MetadataError
 from tieredstore.flat import FlatFileSettings, check_queue_invariant
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import tag_hash
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore
@@ -50,7 +51,7 @@ async def test_a_metadata_failure_while_the_consume_queue_rolls_does_not_duplica
     monkeypatch.setattr(metadata, "add_segment", database_down)
     record = make_record(UNITS_PER_SEGMENT, topic="RollFailure")
     with pytest.raises(MetadataError):  # the consume queue is full: the append must roll it, and cannot
-        await queue.append(record, UNITS_PER_SEGMENT, 0, tag_hash("TagA"))
+        await queue.append_records(RecordRun.of([(record, UNITS_PER_SEGMENT, 0, tag_hash("TagA"))]))
     monkeypatch.undo()
 
     # What the dispatcher does next: commit what is buffered, then append from the archived offset again.

@@ -23,6 +23,7 @@ from tests.fixtures.unprivileged import OtherUserPython, python_for_other_users
 from tests.reliability.workload import BASE_TIMESTAMP, TAGS, Tmpfs, append_records, make_record, new_flat_store
 from tieredstore.errors import StorageAccessError, StorageUnavailableError
 from tieredstore.flat import FlatFileSettings, FlatMessageFile, ProblemKind, check_queue_invariant
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import tag_hash
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.posix import PosixProvider
@@ -88,7 +89,9 @@ async def fill(queue: FlatMessageFile, end: int, *, batch: int = 100) -> list[St
     while queue.append_offset < end:
         try:
             for offset in range(queue.append_offset, min(end, queue.append_offset + batch)):
-                await queue.append(record_at(offset), offset, BASE_TIMESTAMP + offset, tag_hash(TAGS))
+                await queue.append_records(
+                    RecordRun.of([(record_at(offset), offset, BASE_TIMESTAMP + offset, tag_hash(TAGS))])
+                )
             await queue.commit()
         except StorageUnavailableError as error:
             return [error]

@@ -12,6 +12,7 @@ import pytest
 
 from tieredstore.errors import StorageError
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import MessageRecord, tag_hash
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import Provider
@@ -41,7 +42,7 @@ async def append_records(queue: FlatMessageFile, start: int, end: int, **kwargs:
     records = {}
     for offset in range(start, end):
         record = make_record(offset, topic=queue.topic, queue_id=queue.queue_id, **kwargs)
-        await queue.append(record, offset, BASE_TIMESTAMP + offset, tag_hash(TAGS))
+        await queue.append_records(RecordRun.of([(record, offset, BASE_TIMESTAMP + offset, tag_hash(TAGS))]))
         records[offset] = record
     return records
 

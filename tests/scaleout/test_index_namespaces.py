@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.read.helpers import make_config
+from tieredstore.basics import now_ms
 from tieredstore.cli.verify import verify_archive
 from tieredstore.config import TieredStoreConfig
-from tieredstore.dispatcher import Dispatcher, wall_clock_ms
+from tieredstore.dispatcher import Dispatcher
 from tieredstore.errors import IntegrityError
 from tieredstore.formats.naming import FileType, index_path
 from tieredstore.index import IndexFileStatus, IndexHit
@@ -88,7 +89,7 @@ async def _archiver(
     runtime: Runtime,
     owner: str,
     *,
-    clock_ms: Callable[[], int] = wall_clock_ms,
+    clock_ms: Callable[[], int] = now_ms,
     lease_duration: float | None = None,
     renew_interval: float | None = None,
 ) -> AsyncIterator[Dispatcher]:

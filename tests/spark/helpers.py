@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile
+from tieredstore.flat.message_file import RecordRun
 from tieredstore.formats.message import (
     MAGIC_V2,
     SYSFLAG_BORNHOST_V6,
@@ -155,9 +156,8 @@ async def archive_messages(
                         # Offsets the hot store lost: the consume queue keeps a hole, the commit log does not.
                         await flat_file.commit()
                         await flat_file.skip_to(message.queue_offset)
-                    commitlog_offset = await flat_file.append(
-                        message.encode(), message.queue_offset, message.store_timestamp, tag_hash(message.tags)
-                    )
+                    one = (message.encode(), message.queue_offset, message.store_timestamp, tag_hash(message.tags))
+                    commitlog_offset = await flat_file.append_records(RecordRun.of([one]))
                     archive.rows.setdefault(topic, []).append(expected_row(message, commitlog_offset))
                     if index % 25 == 24:
                         await flat_file.commit()

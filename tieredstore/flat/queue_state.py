@@ -90,7 +90,7 @@ class QueueFiles:
 
     @property
     def append_offset(self) -> int:
-        """The next queue offset ``append`` expects (archived offset plus buffered messages)."""
+        """The next queue offset ``append_records`` expects (archived offset plus buffered messages)."""
         return self.consume_queue.append_queue_offset
 
     @property

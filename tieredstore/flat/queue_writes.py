@@ -1,9 +1,9 @@
-"""The write path of a FlatMessageFile: records buffered one by one or as packed runs, then committed in order."""
+"""The write path of a FlatMessageFile: runs of packed records buffered, then committed in order."""
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,20 +14,19 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tieredstore.errors import CorruptRecordError, StorageError, ValidationError
 from tieredstore.flat.queue_state import QueueFiles
 from tieredstore.formats.arrays import UNIT_DTYPE
-from tieredstore.formats.consume_queue import UNIT_SIZE, ConsumeQueueUnit
+from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.message import (
     MAGIC_V1,
     MAGIC_V2,
     MIN_RECORD_SIZE,
     POS_PHYSICAL_OFFSET,
     POS_QUEUE_OFFSET,
-    rewrite_physical_offset,
 )
 from tieredstore.formats.records import Expected, PackedRun, first_problem
 
 _HEADER = struct.Struct(">iI")
 
-# One message for ``append_batch``: its raw record, queue offset, store timestamp and tag hash.
+# One message for ``RecordRun.of``: its raw record, queue offset, store timestamp and tag hash.
 BatchRecord = tuple[bytes, int, int, int]
 Int64Array = npt.NDArray[np.int64]
 
@@ -65,8 +64,14 @@ class RecordRun:
     @classmethod
     def of(cls, records: Sequence[BatchRecord]) -> RecordRun:
         """The records (consecutive queue offsets from the first one's) packed into one buffer."""
+        first_offset = records[0][1] if records else 0
+        for index, (_raw, queue_offset, _timestamp, _tag) in enumerate(records):
+            if queue_offset != first_offset + index:
+                raise ValidationError(
+                    f"a run must hold consecutive queue offsets: {queue_offset} follows {first_offset + index - 1}"
+                )
         return cls(
-            first_offset=records[0][1] if records else 0,
+            first_offset=first_offset,
             data=bytearray().join(record[0] for record in records),
             sizes=np.fromiter((len(record[0]) for record in records), dtype=np.int64, count=len(records)),
             tag_hashes=np.fromiter((record[3] for record in records), dtype=np.int64, count=len(records)),
@@ -77,62 +82,17 @@ class RecordRun:
 class QueueWrites(QueueFiles):
     """Appends, commits, offset skips and time rolls of a queue's cold files."""
 
-    async def append(self, record: bytes, queue_offset: int, store_timestamp: int, tag_hash: int) -> int:
-        """Buffer one encoded message at ``queue_offset``; returns its offset in the cold commit log.
-
-        The record's PHYSICALOFFSET is rewritten to that offset; nothing is durable until ``commit``.
-        The first message of an empty queue may start at any offset; later ones must follow on.
-        """
-        self._require_writable("append")
-        if queue_offset < 0:
-            raise ValidationError(f"queue offset {queue_offset} must not be negative")
-        self._validate_record(record, queue_offset)
-        if self.consume_queue.is_empty:
-            if self.commit_log.pending_bytes or self.consume_queue.pending_bytes:
-                raise ValidationError(f"{self}: buffered bytes without a consume-queue segment")
-            self.consume_queue.reset_initial_queue_offset(queue_offset)
-        elif queue_offset != self.append_offset:
-            raise ValidationError(
-                f"queue {self.topic}/{self.queue_id} expects offset {self.append_offset} next, not {queue_offset}"
-            )
-        # The consume queue rolls or commits first if it must: were that to fail after the record was
-        # buffered, the commit log would hold a record no unit points at, and its retry a second copy.
-        await self._roll_by_time(store_timestamp)
-        await self.consume_queue.prepare_append(UNIT_SIZE, store_timestamp)
-        physical_offset = self.commit_log.append_offset
-        landed = await self.commit_log.append(rewrite_physical_offset(record, physical_offset), store_timestamp)
-        if landed != physical_offset:
-            raise StorageError(f"{self}: commit log appended at {landed}, expected {physical_offset}")
-        await self.consume_queue.append_unit(ConsumeQueueUnit(physical_offset, len(record), tag_hash), store_timestamp)
-        return physical_offset
-
-    async def append_batch(self, records: Sequence[BatchRecord]) -> int:
-        """Buffer a run of consecutive messages in one pass; returns the cold commit-log offset of the first.
-
-        Each record is ``(raw, queue_offset, store_timestamp, tag_hash)``, queue offsets consecutive: the
-        records are packed into one buffer and appended by ``append_records``.
-        """
-        self._require_writable("append")
-        if not records:
-            return self.commit_log.append_offset
-        first_offset = records[0][1]
-        for index, (_raw, queue_offset, _timestamp, _tag) in enumerate(records):
-            if queue_offset != first_offset + index:
-                raise ValidationError(
-                    f"a batch for {self.topic}/{self.queue_id} must hold consecutive offsets: {queue_offset} "
-                    f"follows {first_offset + index - 1}"
-                )
-        return await self.append_records(RecordRun.of(records))
-
     async def append_records(self, run: PackedRecords) -> int:
         """Buffer consecutive messages packed in one buffer; returns the cold commit-log offset of the first.
 
-        The same as ``append`` for each in turn, without Python work per message: every record is
-        validated (size, magic, TOTALSIZE, QUEUEOFFSET following on from ``run.first_offset``) before
-        anything is buffered, all PHYSICALOFFSETs are rewritten in place in one operation, and the
-        consume-queue units are built as one array. A run crossing a segment's max size is split there
-        and rolls as ``append`` would. ``run.data`` is taken over (rewritten, then handed to the
-        commit log without a copy when the run fits one segment): the caller must not use it again.
+        The one way messages enter a queue: the first run of an empty queue may start at any offset,
+        later ones must follow on. Nothing is durable until ``commit``. Without Python work per
+        message: every record is validated (size, magic, TOTALSIZE, QUEUEOFFSET following on from
+        ``run.first_offset``) before anything is buffered, all PHYSICALOFFSETs are rewritten in place in
+        one operation to the records' offsets in the cold commit log, and the consume-queue units are
+        built as one array. A run crossing a segment's max size is split there, each part rolling the
+        segments it fills. ``run.data`` is taken over (rewritten, then handed to the commit log without a
+        copy when the run fits one segment): the caller must not use it again.
         """
         self._require_writable("append")
         sizes = np.asarray(run.sizes, dtype=np.int64)
@@ -221,16 +181,22 @@ class QueueWrites(QueueFiles):
         if stored_offset != queue_offset:
             raise ValidationError(f"record holds queue offset {stored_offset}, appended as {queue_offset}")
 
-    async def commit(self) -> int:
-        """Commit the commit log, then the consume queue, then record positions; returns the archived offset.
+    async def commit(self, *, on_durable: Callable[[], Awaitable[object]] | None = None) -> int:
+        """Commit the commit log, then the consume queue, then call ``on_durable``, then record positions;
+        returns the archived offset.
 
-        A StorageError keeps every buffer for the next call; a metadata failure leaves the files
-        committed and the record is written by the next call (or corrected by recovery).
+        ``on_durable`` is where the archiver puts the batch's key-index entries: after the units they
+        point at are durable, before metadata counts them archived, so an entry never names a message
+        that is not archived and a crash before the record re-indexes them (recovery's ``RecoveryResult``).
+        A StorageError (or the hook's error) keeps every buffer for the next call; a metadata failure
+        leaves the files committed and the record is written by the next call (or corrected by recovery).
         """
         self._require_writable("commit")
         async with self._commit_lock:
             await self.commit_log.commit()
             await self.consume_queue.commit()
+            if on_durable is not None:
+                await on_durable()
             await self._record_positions()
             return self.archived_offset
 

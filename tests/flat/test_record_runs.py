@@ -1,4 +1,5 @@
-"""FlatMessageFile.append_batch: one call per batch lays down exactly what per-message appends would."""
+"""Runs built from separate records (``RecordRun.of``) through ``append_records``: segment splits, refusals, and
+failures part way through a run."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from typing import Any
 import pytest
 
 from tieredstore.errors import CorruptRecordError, MetadataError, ValidationError
-from tieredstore.flat import FlatFileSettings, FlatFileStore, FlatMessageFile, check_queue_invariant
-from tieredstore.flat.message_file import BatchRecord
-from tieredstore.formats.message import POS_PHYSICAL_OFFSET, decode
+from tieredstore.flat import FlatFileSettings, FlatFileStore, check_queue_invariant
+from tieredstore.flat.message_file import BatchRecord, RecordRun
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.memory import MemoryProvider
@@ -27,50 +27,6 @@ def batch(start: int, end: int, *, queue_id: int = 0) -> list[BatchRecord]:
     ]
 
 
-async def layout(queue: FlatMessageFile) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[bytes]]:
-    """Segment (base, size) of both files and every archived record: what a reader sees."""
-    return (
-        [(s.base_offset, s.commit_position) for s in queue.commit_log.segments],
-        [(s.base_offset, s.commit_position) for s in queue.consume_queue.segments],
-        await queue.read_messages(queue.min_offset, 10_000),
-    )
-
-
-async def test_a_batch_crossing_segments_archives_what_per_message_appends_do(
-    memory_provider: MemoryProvider, metadata: MetadataStore
-) -> None:
-    store = FlatFileStore(memory_provider, metadata, cluster="c", broker="b", settings=SMALL)
-    # Two topics of equal name length, so their records have equal sizes: one per message, one by batches.
-    one_by_one, batched = await store.get_or_create("TopicB", 0), await store.get_or_create(TOPIC, 0)
-    for offset in range(60):
-        raw = make_record(offset, topic="TopicB")
-        await one_by_one.append(raw, offset, BASE_TIMESTAMP + offset, tags_hash())
-    await one_by_one.commit()
-    records = batch(0, 60)
-    # Two batches, so the second starts in a part-filled segment of each file.
-    assert await batched.append_batch(records[:25]) == 0
-    await batched.append_batch(records[25:])
-    assert await batched.commit() == 60
-
-    expected, got = await layout(one_by_one), await layout(batched)
-    assert len(got[0]) > 2 and len(got[1]) > 2  # the batches rolled both files several times
-    assert got[:2] == expected[:2]
-    assert [decode(r).physical_offset for r in got[2]] == [decode(r).physical_offset for r in expected[2]]
-    for offset, record in enumerate(got[2]):
-        unit = (await batched.read_units(offset, 1))[0]
-        assert decode(record).physical_offset == unit.commitlog_offset
-        hot = records[offset][0]
-        assert record[:POS_PHYSICAL_OFFSET] + record[POS_PHYSICAL_OFFSET + 8 :] == (
-            hot[:POS_PHYSICAL_OFFSET] + hot[POS_PHYSICAL_OFFSET + 8 :]
-        )
-        assert unit.tag_hash == tags_hash()
-    assert await check_queue_invariant(batched, reference={r[1]: r[0] for r in records}) == []
-    rows = metadata.list_segments(batched.path, FileType.COMMIT_LOG)
-    assert [(r.begin_timestamp, r.end_timestamp) for r in rows[:-1]] == [
-        (s.min_timestamp, s.max_timestamp) for s in one_by_one.commit_log.segments[:-1]
-    ]
-
-
 async def test_a_message_larger_than_a_segment_gets_a_segment_of_its_own(
     memory_provider: MemoryProvider, metadata: MetadataStore
 ) -> None:
@@ -80,7 +36,7 @@ async def test_a_message_larger_than_a_segment_gets_a_segment_of_its_own(
     large = make_record(3, size=3000)
     records.append((large, 3, BASE_TIMESTAMP + 3, tags_hash()))
     records += batch(4, 6)
-    await queue.append_batch(records)
+    await queue.append_records(RecordRun.of(records))
     assert await queue.commit() == 6
     sizes = [s.commit_position for s in queue.commit_log.segments]
     assert len(large) in sizes
@@ -101,13 +57,13 @@ async def test_a_bad_batch_is_refused_whole_and_nothing_is_buffered(
 ) -> None:
     store = FlatFileStore(memory_provider, metadata, cluster="c", broker="b", settings=SMALL)
     queue = await store.get_or_create(TOPIC, 0)
-    await queue.append_batch(batch(0, 5))
+    await queue.append_records(RecordRun.of(batch(0, 5)))
     await queue.commit()
     bad = mangle(batch(5, 12))
     with pytest.raises(error, match=match):
-        await queue.append_batch(bad)
+        await queue.append_records(RecordRun.of(bad))
     assert (queue.append_offset, queue.has_pending) == (5, False)
-    await queue.append_batch(batch(5, 12))
+    await queue.append_records(RecordRun.of(batch(5, 12)))
     assert await queue.commit() == 12
     assert await check_queue_invariant(queue) == []
 
@@ -130,12 +86,12 @@ async def test_a_metadata_failure_mid_batch_keeps_units_and_records_in_step(
 
     monkeypatch.setattr(metadata, "add_segment", fails_on_the_second_consume_queue_segment)
     with pytest.raises(MetadataError):
-        await queue.append_batch(records)
+        await queue.append_records(RecordRun.of(records))
     buffered_to = queue.append_offset
     assert 0 < buffered_to < 30
     # Every record buffered in the commit log has its unit: the retry continues where the units end.
     assert queue.commit_log.append_offset == sum(len(r[0]) for r in records[:buffered_to])
     monkeypatch.setattr(metadata, "add_segment", add_segment)
-    await queue.append_batch(records[buffered_to:])
+    await queue.append_records(RecordRun.of(records[buffered_to:]))
     assert await queue.commit() == 30
     assert await check_queue_invariant(queue, reference={r[1]: r[0] for r in records}) == []
