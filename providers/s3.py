@@ -10,7 +10,9 @@ retried with exponential backoff (tenacity) on 5xx, throttling and connection er
 bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
 place, ``translate_s3_errors``, with its cause chained.
 
-**Two clients.** Object transfers (GET and PUT) go through a sync botocore client in worker threads:
+**Two clients.** Object transfers (GET and PUT) go through a sync botocore client in worker threads (the
+provider's own, as many as its connections, so that transfers waiting on the network never hold the
+event loop's default executor that the callers' other blocking work runs in):
 socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
 SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
 GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
