@@ -10,7 +10,9 @@ retried with exponential backoff (tenacity) on 5xx, throttling and connection er
 bucket) are raised as StorageAccessError at once. Every botocore/aiohttp error is translated in one
 place, ``translate_s3_errors``, with its cause chained.
 
-**Two clients.** Object transfers (GET and PUT) go through a sync botocore client in worker threads:
+**Two clients.** Object transfers (GET and PUT) go through a sync botocore client in worker threads (the
+provider's own, as many as its connections, so that transfers waiting on the network never hold the
+event loop's default executor that the callers' other blocking work runs in):
 socket reads and writes release the GIL, and so do the digests of a body (our CRC32, SigV4's payload
 SHA-256 over plain http), which run in the transferring thread instead of on the event loop. A 4 MiB
 GET costs about half the CPU it costs through aiohttp, which hands the body to the event loop piece by
@@ -39,9 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar, cast
 
 import aiohttp
@@ -228,7 +233,7 @@ class S3ObjectStore(ObjectStore):
                     # Building a botocore client takes tens of milliseconds of CPU: not on the event loop.
                     client = await asyncio.to_thread(self._provider.sync_client)
                 with translate_s3_errors(what):
-                    return await asyncio.to_thread(operation, client)
+                    return await self._provider.in_transfer_thread(operation, client)
         raise AssertionError("tenacity ends with a result or an exception")  # pragma: no cover
 
     async def _list(
@@ -370,6 +375,7 @@ class S3Provider(ChunkedProvider):
         self._client_lock: asyncio.Lock | None = None
         self._sync_client: Any = None
         self._sync_client_lock = threading.Lock()
+        self._transfers: ThreadPoolExecutor | None = None
 
     @property
     def store(self) -> ObjectStore:
@@ -405,6 +411,23 @@ class S3Provider(ChunkedProvider):
         """Build the sync client now, in a worker thread: tens of milliseconds of CPU that the first read
         or commit would otherwise spend (a store opening prepares its provider)."""
         await asyncio.to_thread(self.sync_client)
+
+    async def in_transfer_thread(self, operation: Callable[[Any], T], client: Any) -> T:
+        """``operation(client)`` in one of this provider's transfer threads, with the caller's context.
+
+        Transfers have threads of their own, as many as the client has connections: in the event loop's
+        default executor (a few threads per core) the commits and reads in flight would take every thread,
+        so that further transfers, the batch reads and the metadata commits feeding them would queue behind
+        the PUTs and GETs waiting on the network.
+        """
+        with self._sync_client_lock:
+            if self._transfers is None:
+                self._transfers = ThreadPoolExecutor(
+                    max_workers=self.options.max_pool_connections, thread_name_prefix="s3-transfer"
+                )
+            transfers = self._transfers
+        call = functools.partial(contextvars.copy_context().run, operation, client)
+        return await asyncio.get_running_loop().run_in_executor(transfers, call)
 
     @property
     def created_sync_client(self) -> Any:
@@ -477,6 +500,9 @@ class S3Provider(ChunkedProvider):
     async def close_client(self) -> None:
         with self._sync_client_lock:
             sync_client, self._sync_client = self._sync_client, None
+            transfers, self._transfers = self._transfers, None
+        if transfers is not None:
+            transfers.shutdown(wait=False)  # idle by now; a thread still sending finishes on its own
         if sync_client is not None:
             sync_client.close()
         stack, loop = self._client_stack, self._client_loop

@@ -8,11 +8,12 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.fixtures.faultproxy import FaultProxy, FaultRule
+from tests.fixtures.faultproxy import FaultProxy, FaultRule, HangRule
 from tests.fixtures.s3 import S3Server
 from tieredstore.errors import (
     CommitConflictError,
@@ -115,6 +116,28 @@ async def test_throttling_and_5xx_are_retried_then_succeed(proxied: S3Provider, 
     await segment.commit()
     assert proxy.count("PUT") == 2
     assert await segment.real_size() == 8  # the LIST (a GET) failed once and was retried
+
+
+async def test_puts_waiting_on_the_network_leave_the_event_loops_threads_free(
+    proxied: S3Provider, proxy: FaultProxy
+) -> None:
+    await proxied.prepare()
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+    held = proxy.hang(HangRule("PUT", times=4))
+    store = proxied.store
+    puts = [asyncio.create_task(store.put(f"held/{number}", b"body")) for number in range(4)]
+    try:
+        deadline = loop.time() + 10
+        while proxy.count("PUT") < 4:  # more transfers in flight than the loop's default executor has threads
+            assert loop.time() < deadline, f"only {proxy.count('PUT')} of 4 PUTs reached the server"
+            await asyncio.sleep(0.01)
+        # ...and blocking work handed to the loop's executor (metadata, hot reads) still runs meanwhile.
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "ran"), timeout=5) == "ran"
+    finally:
+        held.release()
+    await asyncio.gather(*puts)
+    assert len(await store.list_files("held")) == 4
 
 
 async def test_retries_are_bounded_then_storage_unavailable(proxied: S3Provider, proxy: FaultProxy) -> None:
