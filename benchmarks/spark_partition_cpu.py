@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -94,12 +95,27 @@ def archived_topic(work_dir: Path, messages: int, *, keys: bool) -> dict[str, st
     return {"cold_url": config.effective_cold_url, "metadata_url": config.effective_metadata_url}
 
 
+class _Merge(argparse.Action):
+    """Each ``--option NAME=VALUE`` added to one dict."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), **values})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("messages", type=int, nargs="?", default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keys", action="store_true", help="give every message a key (property KEYS)")
     parser.add_argument("--columns", default=",".join(ARROW_SCHEMA.names), help="comma-separated columns to build")
+    parser.add_argument(
+        "--option",
+        type=lambda text: dict([text.split("=", 1)]),
+        action=_Merge,
+        default={},
+        help="NAME=VALUE, a scan option",
+    )
+    parser.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     arguments = parser.parse_args()
     messages = arguments.messages
@@ -107,7 +123,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spark-partition-cpu-") as work:
         work_dir = Path(work)
         reader_options = archived_topic(work_dir, messages, keys=arguments.keys)
-        options = ScanOptions.parse({**reader_options, "path": TOPIC})
+        options = ScanOptions.parse({**reader_options, "path": TOPIC, **arguments.option})
         plans = plan_partitions(options)
         read_all(plans[:1], options, columns)  # imports and the worker's session, as a warm Spark worker has them
         batches = [batch for plan in plans for batch in read_partition(plan, options, columns=columns)]
@@ -124,7 +140,7 @@ def main() -> None:
         if arguments.profile:
             profiler = cProfile.Profile()
             profiler.runcall(read_all, plans, options, columns)
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(arguments.profile)
+            pstats.Stats(profiler).sort_stats(arguments.sort).print_stats(arguments.profile)
     print(f"{messages:,} messages in {len(plans)} partitions, columns: {', '.join(columns)}")
     for label, timings in (("read_partition", ours), ("ready-made Arrow IPC batches", floor)):
         cpu = [timing.cpu_us_per_row for timing in timings]
