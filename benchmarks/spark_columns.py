@@ -27,8 +27,9 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from benchmarks.suite.spark_scan import BODY_BYTES, QUEUES, local_spark
-from benchmarks.workloads import TOPIC, archive, config_for, fill_hot_store
+from benchmarks.spark_partition_cpu import archived_topic
+from benchmarks.suite.spark_scan import local_spark
+from benchmarks.workloads import TOPIC
 from tieredstore.spark import columns as column_module
 from tieredstore.spark.options import ScanOptions
 from tieredstore.spark.planning import plan_partitions
@@ -101,13 +102,7 @@ def main() -> None:
     arguments = parser.parse_args()
     messages = arguments.messages
     with tempfile.TemporaryDirectory(prefix="spark-columns-") as work:
-        work_dir = Path(work)
-        hot = fill_hot_store(
-            work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES, keys=arguments.keys
-        )
-        config = config_for(hot.data_dir, queues=QUEUES)
-        archive(config, with_index=False, expected=messages)
-        reader_options = {"cold_url": config.effective_cold_url, "metadata_url": config.effective_metadata_url}
+        reader_options = archived_topic(Path(work), messages, keys=arguments.keys)
         rate, spent = in_process(ScanOptions.parse({**reader_options, "path": TOPIC}), messages)
         rates = {} if arguments.no_spark else spark_rates(reader_options, messages, arguments.rounds)
     print(f"In one process: {rate:,.0f} rows/s over {messages:,} messages with every column built.\n")

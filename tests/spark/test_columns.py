@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.spark.helpers import Archive, archive_messages, make_message, store_timestamp
-from tieredstore.formats.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from tieredstore.spark import ScanOptions, plan_partitions, read_partition
+from tieredstore.formats.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY, HostAddress
+from tieredstore.spark import ScanOptions, plan_partitions, read_partition, reading
 from tieredstore.spark.columns import RowProperties
 from tieredstore.spark.filters import ScanFilter
 from tieredstore.spark.properties import split_pairs
@@ -71,6 +73,24 @@ def test_pushed_ranges_keep_the_same_rows(mixed: Archive, monkeypatch: pytest.Mo
     assert by_runs == _rows(mixed, ("queue_id", "queue_offset", "store_timestamp"), scan_filter)
     assert 0 < len(by_runs) < 480
     assert all(20 <= row["queue_offset"] < 260 for row in by_runs)
+
+
+def test_a_batch_of_common_records_is_one_run_of_one_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Joining batches copies every column again; records that all take the run path never need it."""
+    archive = Archive("posix", str(tmp_path / "cold"), f"sqlite:///{tmp_path / 'metadata.db'}")
+    ipv4 = {"born_host": HostAddress("10.0.0.7", 4000), "store_host": HostAddress("10.0.0.1", 10911), "magic": None}
+    plain = [dataclasses.replace(make_message("plain", 0, offset, body_size=200), **ipv4) for offset in range(300)]
+    asyncio.run(archive_messages(archive, {}, {("plain", 0): plain}))
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("batches were joined")
+
+    monkeypatch.setattr(reading.pa, "concat_batches", refuse)
+    # Windows of 16 KiB hold ~50 records: a batch of 40 rows would otherwise cross a window's end.
+    options = ScanOptions.parse({"path": "plain", "batch_rows": "40", "read_block_bytes": "16384", **archive.options()})
+    batches = [batch for plan in plan_partitions(options) for batch in read_partition(plan, options)]
+    assert [row["queue_offset"] for batch in batches for row in batch.to_pylist()] == list(range(300))
+    assert all(0 < batch.num_rows <= 40 for batch in batches)
 
 
 def _random_properties(rng: random.Random, *, ascii_only: bool) -> bytes:

@@ -40,7 +40,8 @@ _RECONSUME_TIMES = slice(24, 28)
 _IPV6_BITS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 # The row-by-row decoder takes records shorter than its 88-byte head and three length bytes itself.
 _SHORTEST_COMMON = 88 + 3
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+# Each byte's two upper-case hex digits as one little-endian 16-bit item: one lookup writes both digits.
+_HEX_PAIRS = np.array([int.from_bytes(f"{byte:02X}".encode(), "little") for byte in range(256)], dtype="<u2")
 
 
 def checked_prefix(run: PackedRun, layout: Layout, topic: str, queue_id: int, queue_offsets: Int64Array) -> int:
@@ -159,10 +160,8 @@ class RunColumns:
         raw = np.empty((len(self), 16), dtype=np.uint8)
         raw[:, :8] = heads["hosts"][:, _STORE_HOST]
         raw[:, 8:] = heads["physical_offset"].astype(">i8").view(np.uint8).reshape(len(self), 8)
-        digits = np.empty((len(self), 32), dtype=np.uint8)
-        digits[:, 0::2] = _HEX_DIGITS[raw >> 4]
-        digits[:, 1::2] = _HEX_DIGITS[raw & 15]
-        return string_array(digits.reshape(-1), np.arange(len(self) + 1, dtype=np.int64) * 32)
+        digits: ByteArray = _HEX_PAIRS[raw].view(np.uint8).reshape(-1)
+        return string_array(digits, np.arange(len(self) + 1, dtype=np.int64) * 32)
 
     def body_column(self) -> pa.Array:
         data, offsets = gather_ranges(self.flat, self.run.starts + self.layout.body_at, self.layout.body_length)

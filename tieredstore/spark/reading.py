@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 # TOTALSIZE .. BODYLEN when both hosts are IPv4: 88 bytes.
 _IPV4_HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
 _SIZE = struct.Struct(">i")
-_FIRST_RUN = 1024
 _RUN_AFTER_ANOTHER_LAYOUT = 64
 _PROPERTIES_LENGTH = struct.Struct(">h")
 _PHYSICAL_OFFSET = struct.Struct(">q")
@@ -207,7 +206,8 @@ class PartitionScanner:
         self._first_offset = plan.queue_start  # the queue offset of the window's first record
         self._commitlog_start = plan.commitlog_start  # the commit-log offset of the window's bytes
         self._exhausted = False
-        self._run_limit = _FIRST_RUN  # how many records the next run may take
+        # How many records the next run may take: a whole batch at first, so a batch is one run, not pieces to join.
+        self._run_limit = max(options.batch_rows, _RUN_AFTER_ANOTHER_LAYOUT)
 
     @property
     def done(self) -> bool:
@@ -279,7 +279,8 @@ class PartitionScanner:
         rows = 0
         builder = ColumnBuilder()
         while rows + len(builder) < self.options.batch_rows:
-            if self._index >= len(self._starts) and not await self._next_window():
+            # A batch ends with its window: rows of the next one would have to be copied again to join them.
+            if self._index >= len(self._starts) and (rows or builder or not await self._next_window()):
                 break
             piece = self._decode_run(self.options.batch_rows - rows - len(builder))
             if piece is None:
