@@ -5,7 +5,9 @@ on a POSIX cold tier, and every partition is read by ``read_partition`` in this 
 reading and decoding is measured. CPU time (``time.process_time``) is reported beside wall time because it
 holds steady while other processes share the cores. Beside it: the CPU per row of loading the same batches,
 ready-made, from an Arrow IPC file (what the ``arrow_batches`` source of ``spark_scan`` does once per
-worker), as the floor a Python source that does no decoding sits on.
+worker), as the floor a Python source that does no decoding sits on. ``--s3`` archives to a moto server in
+its own process instead, so the CPU of our S3 reads (requests, signing, responses) shows apart from the
+server's.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ import pstats
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from benchmarks.suite.spark_scan import BODY_BYTES, QUEUES
+from benchmarks.services import MotoServer
+from benchmarks.suite.spark_scan import BODY_BYTES, QUEUES, spark_options
 from benchmarks.workloads import TOPIC, archive, config_for, fill_hot_store
 from tieredstore.spark.options import ScanOptions
 from tieredstore.spark.planning import PartitionPlan, plan_partitions
@@ -86,13 +90,23 @@ def ready_made(path: Path) -> Timing:
     return started.timing(rows)
 
 
-def archived_topic(work_dir: Path, messages: int, *, keys: bool) -> dict[str, str]:
-    """Archive ``messages`` shaped as in ``spark_scan`` to a POSIX cold tier below ``work_dir``; the source's
-    ``cold_url`` and ``metadata_url`` options that read them."""
+def archived_topic(work_dir: Path, messages: int, *, keys: bool, s3: MotoServer | None = None) -> dict[str, str]:
+    """Archive ``messages`` shaped as in ``spark_scan`` to a POSIX cold tier below ``work_dir`` (or to ``s3``);
+    the source's options that read them."""
     hot = fill_hot_store(work_dir / "node", messages=messages, queues=QUEUES, body_bytes=BODY_BYTES, keys=keys)
-    config = config_for(hot.data_dir, queues=QUEUES)
+    cold_url = None if s3 is None else f"s3://{s3.create_bucket('spark-partition-cpu')}/archive"
+    config = config_for(hot.data_dir, queues=QUEUES, cold_url=cold_url, s3=s3)
     archive(config, with_index=False, expected=messages)
+    if s3 is not None:
+        return spark_options(config.effective_cold_url, config.effective_metadata_url, s3)
     return {"cold_url": config.effective_cold_url, "metadata_url": config.effective_metadata_url}
+
+
+@contextmanager
+def cold_tier(work_dir: Path, *, s3: bool) -> Iterator[MotoServer | None]:
+    """A moto server for ``--s3``, stopped on exit; None for the POSIX tier."""
+    with ExitStack() as stack:
+        yield stack.enter_context(MotoServer(work_dir / "moto")) if s3 else None
 
 
 class _Merge(argparse.Action):
@@ -115,14 +129,18 @@ def main() -> None:
         default={},
         help="NAME=VALUE, a scan option",
     )
+    parser.add_argument("--s3", action="store_true", help="archive to and read from a moto S3 server")
     parser.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     arguments = parser.parse_args()
     messages = arguments.messages
     columns = tuple(arguments.columns.split(","))
-    with tempfile.TemporaryDirectory(prefix="spark-partition-cpu-") as work:
+    with (
+        tempfile.TemporaryDirectory(prefix="spark-partition-cpu-") as work,
+        cold_tier(Path(work), s3=arguments.s3) as s3,
+    ):
         work_dir = Path(work)
-        reader_options = archived_topic(work_dir, messages, keys=arguments.keys)
+        reader_options = archived_topic(work_dir, messages, keys=arguments.keys, s3=s3)
         options = ScanOptions.parse({**reader_options, "path": TOPIC, **arguments.option})
         planning = _Clock()
         plans = plan_partitions(options)

@@ -25,6 +25,8 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.arrow_batches import ArrowBatchesSource, write_sample
 from benchmarks.baselines import s3_client
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark, stopwatch
@@ -251,9 +253,18 @@ def spark_scan(ctx: BenchmarkContext) -> None:
                     raise RuntimeError(f"Spark counted {row} for {messages} messages of {BODY_BYTES} B")
                 return seconds
 
+            server = psutil.Process(s3.pid)
+
+            def server_cpu() -> float:
+                """CPU seconds the moto server (and any child) has used: it shares the two cores with Spark."""
+                times = server.cpu_times()
+                return times.user + times.system + times.children_user + times.children_system
+
             def ours(_: Path) -> Measurement:
                 before = request_counts(s3)
+                cpu_before = server_cpu()
                 seconds = scan(options)
+                server_seconds = server_cpu() - cpu_before
                 counts = request_counts(s3) - before
                 return Measurement(
                     seconds=seconds,
@@ -263,6 +274,8 @@ def spark_scan(ctx: BenchmarkContext) -> None:
                         "get_requests": float(counts.get),
                         "get_requests_per_4096_messages": per_thousand(counts.get, messages) * 4.096,
                         "list_requests": float(counts.list),
+                        "s3_server_cpu_seconds": server_seconds,
+                        "s3_server_share_of_two_cores": server_seconds / (2 * seconds),
                     },
                 )
 
@@ -271,7 +284,9 @@ def spark_scan(ctx: BenchmarkContext) -> None:
 
             def raw(_: Path) -> Measurement:
                 before = request_counts(s3)
+                cpu_before = server_cpu()
                 fetched = raw_parallel_get(s3.client_options(), bucket, keys, processes=RAW_PROCESSES, items=messages)
+                server_seconds = server_cpu() - cpu_before
                 counts = request_counts(s3) - before
                 if fetched.bytes != sum(size for _, size in objects):
                     raise RuntimeError(f"the baseline received {fetched.bytes} bytes of {sum(s for _, s in objects)}")
@@ -282,6 +297,7 @@ def spark_scan(ctx: BenchmarkContext) -> None:
                     extras={
                         "get_requests": float(counts.get),
                         "get_requests_per_4096_messages": per_thousand(counts.get, messages) * 4.096,
+                        "s3_server_cpu_seconds": server_seconds,
                     },
                 )
 
