@@ -7,16 +7,13 @@ RECONSUMETIMES(4) PREPAREDTXOFFSET(8) BODYLEN(4)+BODY TOPICLEN(1|2)+TOPIC PROPLE
 v1 (magic 0xdaa320a7) has a 1-byte topic length; v2 (0xdaa320ab) a 2-byte one, used for topics
 longer than 127 bytes. A host is IPv4 (4 + port 4) unless its sysflag bit says IPv6 (16 + 4).
 A file ends in a blank record (magic 0xcbd43194, TOTALSIZE = bytes left) when the next record
-does not fit.
+does not fit. The properties' text form is ``formats.properties``, the hosts' ``formats.hosts``.
 """
 
 from __future__ import annotations
 
-import functools
-import ipaddress
-import socket
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -24,6 +21,20 @@ import numpy as np
 
 from tieredstore.errors import CorruptRecordError, InvalidPropertyError
 from tieredstore.formats.checksum import body_crc
+
+# Callers import the properties and host names from here: re-exported by alias.
+from tieredstore.formats.hosts import LOCALHOST as LOCALHOST
+from tieredstore.formats.hosts import HostAddress as HostAddress
+from tieredstore.formats.hosts import decode_host
+from tieredstore.formats.properties import NAME_VALUE_SEPARATOR as NAME_VALUE_SEPARATOR
+from tieredstore.formats.properties import PROPERTY_KEYS as PROPERTY_KEYS
+from tieredstore.formats.properties import PROPERTY_SEPARATOR as PROPERTY_SEPARATOR
+from tieredstore.formats.properties import PROPERTY_TAGS as PROPERTY_TAGS
+from tieredstore.formats.properties import PROPERTY_UNIQ_KEY as PROPERTY_UNIQ_KEY
+from tieredstore.formats.properties import decode_properties as decode_properties
+from tieredstore.formats.properties import encode_properties as encode_properties
+from tieredstore.formats.properties import java_string_hash as java_string_hash
+from tieredstore.formats.properties import tag_hash as tag_hash
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -39,12 +50,6 @@ SYSFLAG_TRANSACTION_ROLLBACK = 0xC
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
 
-PROPERTY_KEYS = "KEYS"
-PROPERTY_TAGS = "TAGS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
-
 # Offsets of the fixed-position fields every record has.
 POS_TOTAL_SIZE = 0
 POS_MAGIC = 4
@@ -58,90 +63,6 @@ POS_BORN_HOST = 48
 HEADER_PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
 MIN_RECORD_SIZE = 48 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 BLANK_HEADER = struct.Struct(">iI")
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit wrap-around), signed."""
-    h = 0
-    data = text.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def tag_hash(tags: str | None) -> int:
-    """The consume-queue tag code: Java hashCode of the TAGS property, sign-extended; 0 without tags."""
-    return java_string_hash(tags) if tags else 0
-
-
-def encode_properties(properties: Mapping[str, str]) -> bytes:
-    """``name\\x01value\\x02`` pairs in the mapping's order."""
-    parts = []
-    for name, value in properties.items():
-        for text in (name, value):
-            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-                raise InvalidPropertyError(
-                    f"property {name!r} contains a separator byte (0x01 or 0x02), which the format reserves"
-                )
-        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    try:
-        return "".join(parts).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        # Lone surrogates are legal in a Python str but have no UTF-8 form; say so instead of a codec error.
-        raise InvalidPropertyError(f"properties are not encodable as UTF-8: {exc.reason}") from exc
-
-
-def decode_properties(raw: bytes) -> dict[str, str]:
-    """Parse ``name\\x01value\\x02`` pairs; tolerant of a missing final separator as RocketMQ is."""
-    result: dict[str, str] = {}
-    if not raw:
-        return result
-    text = raw.decode("utf-8", errors="replace")
-    for pair in text.split(PROPERTY_SEPARATOR):
-        if not pair:
-            continue
-        name, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
-        if sep:
-            result[name] = value
-    return result
-
-
-@functools.lru_cache(maxsize=256)
-def _encode_host(ip: str, port: int) -> bytes:
-    # Parsing the address dominates a put's encoding cost, and a store writes with very few hosts.
-    return ipaddress.ip_address(ip).packed + struct.pack(">i", port)
-
-
-@dataclass(frozen=True, slots=True)
-class HostAddress:
-    """A host as the record stores it: an IPv4 or IPv6 address and a port."""
-
-    ip: str
-    port: int
-
-    @property
-    def is_ipv6(self) -> bool:
-        return ":" in self.ip
-
-    def encode(self) -> bytes:
-        return _encode_host(self.ip, self.port)
-
-    @classmethod
-    def decode(cls, raw: bytes) -> HostAddress:
-        return _decode_host(bytes(raw))
-
-    def __str__(self) -> str:
-        return f"[{self.ip}]:{self.port}" if self.is_ipv6 else f"{self.ip}:{self.port}"
-
-
-LOCALHOST = HostAddress("127.0.0.1", 0)
-
-
-@functools.lru_cache(maxsize=1024)
-def _decode_host(raw: bytes) -> HostAddress:
-    # A commit log holds few distinct hosts, and building an ipaddress object per record dominated decoding.
-    ip = socket.inet_ntoa(raw[:4]) if len(raw) == 8 else str(ipaddress.ip_address(raw[:-4]))
-    return HostAddress(ip, struct.unpack(">i", raw[-4:])[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,8 +409,8 @@ def decode(
     """Decode the record at ``pos``; every inconsistency is a CorruptRecordError naming the offset."""
     fields = verify_record(buf, pos, check_crc=check_crc, location=location)
     try:
-        born_host = _decode_host(bytes(buf[fields.born_host_at : fields.born_host_at + fields.born_host_len]))
-        store_host = _decode_host(bytes(buf[fields.store_host_at : fields.store_host_at + fields.store_host_len]))
+        born_host = decode_host(bytes(buf[fields.born_host_at : fields.born_host_at + fields.born_host_len]))
+        store_host = decode_host(bytes(buf[fields.store_host_at : fields.store_host_at + fields.store_host_len]))
         topic = bytes(buf[fields.topic_at : fields.topic_at + fields.topic_len]).decode("utf-8")
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(f"undecodable record: {exc}", location=location, offset=pos) from exc

@@ -1,6 +1,7 @@
 """The key index: messages found by ``topic#key`` in local and uploaded index files.
 
-``format`` holds the byte layouts, ``file`` the local files and lookups, ``service`` the IndexService,
+``format`` holds the byte layouts, ``file`` the local files and lookups, ``records`` the catalogue of index
+files, ``service`` the IndexService (with its parts ``service_state``, ``lookups`` and ``retention``),
 ``namespaces`` the KeyIndex over the namespaces of archivers that share queues by lease.
 """
 
