@@ -113,12 +113,19 @@ class ArchiveView:
         """``count`` units from ``queue_offset`` (within one consume-queue segment); CorruptRecordError if short."""
         position = queue_offset * UNIT_SIZE
         segment = self._find(self._consume_queue_bases, self._consume_queue, position, FileType.CONSUME_QUEUE.value)
-        raw = await segment.read(position - segment.base_offset, count * UNIT_SIZE)
+        at, wanted = position - segment.base_offset, count * UNIT_SIZE
+        raw = b""
+        if at == 0:
+            # An object store names a segment's first chunk by its start, so it is read without listing
+            # the segment's chunks: the first unit of a scan is most often there.
+            raw = await segment.read_from(0, wanted)
+        if len(raw) < wanted:
+            raw = await segment.read(at, wanted)
         if len(raw) < UNIT_SIZE:
             raise CorruptRecordError(
                 f"no consume-queue unit for queue offset {queue_offset}",
                 location=self.object_name(segment),
-                offset=position - segment.base_offset,
+                offset=at,
             )
         found = [ConsumeQueueUnit.decode(raw, at) for at in range(0, len(raw) - len(raw) % UNIT_SIZE, UNIT_SIZE)]
         for index, unit in enumerate(found):
