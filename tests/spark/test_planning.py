@@ -72,3 +72,22 @@ def test_a_whole_queue_is_planned_listing_only_its_last_consume_queue_segment(
     listings = Counter(path for path in queues for key in listed if f"{path}/" in key)
     assert len(listed) == len(queues)
     assert listings == dict.fromkeys(queues, 1)
+
+
+def test_split_points_searched_together_read_each_unit_once(
+    posix_archive: Archive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The searches for one piece's split points start at the same probes; each probe is one read."""
+    reads: list[tuple[str, int]] = []
+    read = FileSegment.read
+
+    async def recorded(self: FileSegment, position: int, length: int) -> bytes:
+        if self.file_type is FileType.CONSUME_QUEUE:
+            reads.append((self.key, position))
+        return await read(self, position, length)
+
+    monkeypatch.setattr(FileSegment, "read", recorded)
+    planned = _plans(posix_archive, ScanFilter(), max_partition_bytes="3000")
+    assert len(planned) > 40, "small partitions: several split points per commit-log segment"
+    assert reads
+    assert [key for key, count in Counter(reads).items() if count > 1] == []

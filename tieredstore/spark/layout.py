@@ -92,6 +92,7 @@ class ArchiveView:
         self._commit_log_bases = [segment.base_offset for segment in self._commit_log]
         self._consume_queue_bases = [segment.base_offset for segment in self._consume_queue]
         self._units: dict[int, ConsumeQueueUnit] = {}
+        self._reading: dict[int, asyncio.Future[list[ConsumeQueueUnit]]] = {}
         self.held_runs = list(self.consume_queue.queue_runs().held)
         self._run_starts = [start for start, _ in self.held_runs]
 
@@ -134,9 +135,14 @@ class ArchiveView:
 
     async def unit(self, queue_offset: int) -> ConsumeQueueUnit:
         cached = self._units.get(queue_offset)
-        if cached is None:
-            cached = (await self.units(queue_offset, 1))[0]
-        return cached
+        if cached is not None:
+            return cached
+        # Concurrent searches (the split points of one piece) begin at the same probes: one read serves them all.
+        reading = self._reading.get(queue_offset)
+        if reading is None:
+            reading = self._reading[queue_offset] = asyncio.ensure_future(self.units(queue_offset, 1))
+            reading.add_done_callback(lambda _: self._reading.pop(queue_offset, None))
+        return (await asyncio.shield(reading))[0]
 
     async def record_head(self, offset: int) -> bytes:
         head = await self.flat_file.read_commit_log(offset, RECORD_HEAD_SIZE)
