@@ -10,7 +10,7 @@ from tests.spark.helpers import Archive, store_timestamp
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import FileSegment
 from tieredstore.providers.chunks import Chunk, ChunkedSegment
-from tieredstore.spark import ScanOptions, plan_partitions
+from tieredstore.spark import ScanOptions, layout, plan_partitions
 from tieredstore.spark.filters import ScanFilter
 from tieredstore.spark.planning import PartitionPlan
 
@@ -91,3 +91,15 @@ def test_split_points_searched_together_read_each_unit_once(
     assert len(planned) > 40, "small partitions: several split points per commit-log segment"
     assert reads
     assert [key for key, count in Counter(reads).items() if count > 1] == []
+
+
+@pytest.mark.parametrize("budget", ["700", "3000", "20000"])
+def test_split_points_guessed_by_position_are_those_found_by_halving(
+    posix_archive: Archive, budget: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records of varied sizes, a record larger than the budget and a consume-queue hole: same plans."""
+    scan_filter = ScanFilter(queue_offset_start=3)
+    guessed = _plans(posix_archive, scan_filter, max_partition_bytes=budget)
+    monkeypatch.setattr(layout._PositionSearch, "probe", lambda self, first, last: (first + last) // 2)
+    assert guessed == _plans(posix_archive, scan_filter, max_partition_bytes=budget)
+    assert len(guessed) > len({plan.layout.path for plan in guessed})

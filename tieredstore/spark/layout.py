@@ -183,8 +183,18 @@ class ArchiveView:
     def held_count(self, low: int, high: int) -> int:
         return sum(end - start for start, end in self._held_within(low, high))
 
-    async def _first_held_where(self, low: int, high: int, predicate: Callable[[int], Awaitable[bool]]) -> int:
-        """The smallest held offset in [low, high) where a monotonic ``predicate`` holds; ``high`` if none."""
+    async def _first_held_where(
+        self,
+        low: int,
+        high: int,
+        predicate: Callable[[int], Awaitable[bool]],
+        probe: Callable[[int, int], int] | None = None,
+    ) -> int:
+        """The smallest held offset in [low, high) where a monotonic ``predicate`` holds; ``high`` if none.
+
+        ``probe(first, last)`` picks the rank among the held offsets to test next, in [first, last);
+        by default the middle one.
+        """
         runs = self._held_within(low, high)
         lengths = [end - start for start, end in runs]
 
@@ -197,7 +207,7 @@ class ArchiveView:
 
         first, last = 0, sum(lengths)
         while first < last:
-            middle = (first + last) // 2
+            middle = (first + last) // 2 if probe is None else probe(first, last)
             if await predicate(offset_at(middle)):
                 last = middle
             else:
@@ -219,21 +229,59 @@ class ArchiveView:
         return await self._first_held_where(low, high, stored_late_enough)
 
     async def last_starting_at_or_before(
-        self, commitlog_offset: int, low: int, high: int
+        self, commitlog_offset: int, low: int, high: int, spanned: tuple[int, int] | None = None
     ) -> tuple[int, ConsumeQueueUnit]:
         """Of the held queue offsets in [low, high), the last whose record starts at or before ``commitlog_offset``.
 
         Returns that queue offset and its unit; the caller guarantees the record at ``low`` qualifies.
+        ``spanned``, the commit-log bytes from the start of the record at ``low`` to the end of the last
+        one, lets the search guess by position (records are of like size) instead of halving the range:
+        the same answer from fewer unit reads, and never more than about twice as many.
         """
+        searched = _PositionSearch(commitlog_offset, self.held_count(low, high), spanned) if spanned else None
 
         async def starts_after(queue_offset: int) -> bool:
-            return (await self.unit(queue_offset)).commitlog_offset > commitlog_offset
+            start = (await self.unit(queue_offset)).commitlog_offset
+            if searched is not None:
+                searched.learn(start)
+            return start > commitlog_offset
 
-        past = await self._first_held_where(low, high, starts_after)
+        past = await self._first_held_where(low, high, starts_after, None if searched is None else searched.probe)
         found = self.last_held_before(past)
         if found is None or found < low:
             raise NotFoundError(f"{self.layout.path}: no record at or before commit-log offset {commitlog_offset}")
         return found, await self.unit(found)
+
+
+class _PositionSearch:
+    """Probes for the first record starting after ``target``: interpolated between the closest known
+    record starts, every other probe the middle of the range if the previous guess did not halve it."""
+
+    def __init__(self, target: int, count: int, spanned: tuple[int, int]) -> None:
+        self.target = target
+        self.below = (0, spanned[0])  # a rank whose record starts at or before the target, and that start
+        self.above = (count, spanned[1])  # one past the last record, "starting" where the last one ends
+        self._probed = 0
+        self._width: int | None = None
+        self._guessed = False
+
+    def probe(self, first: int, last: int) -> int:
+        width = last - first
+        halve = self._guessed and self._width is not None and 2 * width > self._width
+        self._width, self._guessed = width, not halve
+        if halve:
+            self._probed = (first + last) // 2
+        else:
+            (low_rank, low_start), (high_rank, high_start) = self.below, self.above
+            guess = low_rank + 1 + (self.target - low_start) * (high_rank - low_rank) // max(1, high_start - low_start)
+            self._probed = min(max(guess, first), last - 1)
+        return self._probed
+
+    def learn(self, start: int) -> None:
+        if start > self.target:
+            self.above = (self._probed, start)
+        else:
+            self.below = (self._probed, start)
 
 
 # ---- discovery ------------------------------------------------------------------------------------

@@ -89,7 +89,12 @@ async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     count = -(-piece.size // budget)
     targets = [piece.commitlog_start + piece.size * k // count for k in range(1, count)]
     found = await asyncio.gather(
-        *(view.last_starting_at_or_before(target, piece.queue_start, piece.queue_end) for target in targets)
+        *(
+            view.last_starting_at_or_before(
+                target, piece.queue_start, piece.queue_end, (piece.commitlog_start, piece.commitlog_end)
+            )
+            for target in targets
+        )
     )
     cuts: dict[int, int] = {}
     for queue_offset, unit in found:
