@@ -4,11 +4,12 @@ For each queue the pushed filters become one queue-offset range: offsets directl
 binary search over the consume queue (after segments whose time range cannot match are dropped);
 every search steps over consume-queue holes. Two consume-queue units turn that range into
 commit-log bytes; each commit-log segment the bytes touch is one partition, split at record
-boundaries (found by binary search over the consume queue) until none holds more than
-``max_partition_bytes`` — unless a single record is larger.
+boundaries (found by a search over the consume queue that guesses by commit-log position) until
+none holds more than ``max_partition_bytes`` — unless a single record is larger.
 
-A plan costs, per queue, two unit reads, one record-head read per further segment, ~2·log2(n) reads
-per time bound and ~log2(n) per split point; queues are planned ``planning_concurrency`` at a time.
+A plan costs, per queue, two unit reads (the first one without a listing of chunks when it starts a
+consume-queue segment), one record-head read per further segment, ~2·log2(n) reads per time bound and
+a few per split point (never more than ~2·log2(n)); queues are planned ``planning_concurrency`` at a time.
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     count = -(-piece.size // budget)
     targets = [piece.commitlog_start + piece.size * k // count for k in range(1, count)]
     found = await asyncio.gather(
-        *(view.last_starting_at_or_before(target, piece.queue_start, piece.queue_end) for target in targets)
+        *(
+            view.last_starting_at_or_before(
+                target, piece.queue_start, piece.queue_end, (piece.commitlog_start, piece.commitlog_end)
+            )
+            for target in targets
+        )
     )
     cuts: dict[int, int] = {}
     for queue_offset, unit in found:
