@@ -58,10 +58,11 @@ CACHE_BYPASS_RATIO = 0.8
 # Windows of a queue read ahead of the one its reader is in: the next one's read starts as soon as the
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
-# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often
-# (seconds): each turn's selector poll lets go of the GIL, which a worker thread reading a prefetch needs after
-# each piece of its response, far sooner than the switch interval would; rarely enough to cost little.
-_PREFETCH_YIELD_INTERVAL = 0.00025
+# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often.
+_PREFETCH_YIELD_INTERVAL = 0.001
+# How long such a turn gives the GIL to worker threads reading prefetches (seconds); a turn alone would starve
+# them: its poll drops and retakes the GIL at once, which restarts a waiting thread's switch-interval wait.
+_GIL_HANDOFF = 50e-6
 
 
 @dataclass(slots=True)
@@ -190,14 +191,15 @@ class PrefetchPool:
 
         Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
         providers read in worker threads, which need the GIL after each piece of a response arrives, and a
-        thread holding it (a reader, serving) gives it up only every switch interval; the turn's poll of the
-        selector releases it at once.
+        thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
+        it over now.
         """
         if not self.in_flight:
             return
         now = time.monotonic()
         if now - self.last_yield >= _PREFETCH_YIELD_INTERVAL:
             self.last_yield = now
+            time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop briefly on purpose, to hand over the GIL
             await asyncio.sleep(0)
 
     async def until_started(self) -> None:
