@@ -336,8 +336,9 @@ async def test_a_reader_served_from_the_cache_lets_worker_threads_run_while_pref
 ) -> None:
     """A provider's worker thread needs the GIL each time a piece of its response arrives. A reader served
     from the cache holds it, and the interpreter makes a busy thread let go only every switch interval
-    (5 ms): while a prefetch is in flight, the reader hands the GIL over for 50 µs once a millisecond instead
-    (a loop turn alone drops and retakes it at once, which starves the waiting thread)."""
+    (5 ms): while a prefetch is in flight, the reader hands the GIL over for 50 µs once a millisecond instead,
+    the event loop idle meanwhile (a loop turn alone drops and retakes it at once, which starves the
+    waiting thread)."""
     with counting_reads(monkeypatch) as reads:
         # the reader goes through the first window again and again: it stays cached (readers=0)
         async with _store(tmp_path, reads, 300, readers=0) as (store, _flat_file, _url):

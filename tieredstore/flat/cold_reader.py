@@ -43,6 +43,7 @@ import numpy as np
 import structlog
 
 from tieredstore.errors import NotFoundError, SegmentNotFoundError
+from tieredstore.flat.gil_handoff import GilHandoff
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.flat.read_budget import UNBOUNDED, ReadBudget
 from tieredstore.flat.served import ReadAheadBatch, check_window, located_window, parse_units
@@ -58,11 +59,8 @@ CACHE_BYPASS_RATIO = 0.8
 # Windows of a queue read ahead of the one its reader is in: the next one's read starts as soon as the
 # read before it has been split, so a reader going through a queue keeps one request in flight.
 PREFETCH_DEPTH = 2
-# While prefetches are in flight, a call served from the cache gives the event loop a turn at most this often.
+# While prefetches are in flight, a call served from the cache hands the GIL to worker threads at most this often.
 _PREFETCH_YIELD_INTERVAL = 0.001
-# How long such a turn gives the GIL to worker threads reading prefetches (seconds); a turn alone would starve
-# them: its poll drops and retakes the GIL at once, which restarts a waiting thread's switch-interval wait.
-_GIL_HANDOFF = 50e-6
 
 
 @dataclass(slots=True)
@@ -160,7 +158,8 @@ class PrefetchPool:
         self.unstarted: set[asyncio.Task[ReadAheadBatch | None]] = set()  # prefetches yet to send their read
         self.all_started = asyncio.Event()  # set while ``unstarted`` is empty
         self.all_started.set()
-        self.last_yield = 0.0  # when a reader last gave the event loop a turn for them (time.monotonic)
+        self.last_yield = 0.0  # when a reader last handed the GIL over to them (time.monotonic)
+        self.handoff = GilHandoff()
         self.closed = False
 
     def room_for(self, expected_bytes: int) -> bool:
@@ -186,21 +185,17 @@ class PrefetchPool:
             self.ahead.pop(reader.key, None)
 
     async def yield_to_prefetches(self) -> None:
-        """While prefetches are in flight, give the event loop a turn now and then (a call served from the
-        cache never waits, so they would not progress otherwise).
+        """While prefetches are in flight, hand the GIL to their worker threads now and then (a call served
+        from the cache never waits, so they would not progress otherwise: ``GilHandoff`` says why).
 
-        Not on every call: a loop turn costs more than serving a few cached messages. The S3 and POSIX
-        providers read in worker threads, which need the GIL after each piece of a response arrives, and a
-        thread holding it (a reader, serving) gives it up only every switch interval: a short sleep hands
-        it over now.
+        Not on every call: a hand-off costs more than serving a few cached messages.
         """
         if not self.in_flight:
             return
         now = time.monotonic()
         if now - self.last_yield >= _PREFETCH_YIELD_INTERVAL:
             self.last_yield = now
-            time.sleep(_GIL_HANDOFF)  # noqa: ASYNC251 - blocks the loop briefly on purpose, to hand over the GIL
-            await asyncio.sleep(0)
+            await self.handoff()
 
     async def until_started(self) -> None:
         """Until every prefetch started has run up to its first wait: its read, handed to storage (a prefetch
@@ -240,6 +235,7 @@ class PrefetchPool:
         for reader in list(self.ahead.values()):
             reader.forget_prefetches()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.handoff.close()
 
 
 class ColdQueueReader:
