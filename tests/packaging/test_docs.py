@@ -139,6 +139,16 @@ def test_every_plot_benchmarks_shows_is_copied_into_the_site() -> None:
     assert sorted(set(shown) - copied) == []
 
 
+def test_reliability_shows_its_plots_and_the_site_has_them() -> None:
+    shown = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", (REPO / "RELIABILITY.md").read_text(encoding="utf-8"))
+    assert len(shown) >= 2
+    site_link = _hook_module("root_pages").site_link
+    for plot in shown:
+        assert (REPO / plot).is_file(), plot
+        # under docs/, so the site holds it where the page's moved link points
+        assert (REPO / "docs" / site_link(plot)).is_file(), plot
+
+
 def test_readme_keeps_its_two_commands_and_the_suite_builds_the_docs_strictly() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for command in README_COMMANDS:

@@ -32,6 +32,7 @@ from tests.reliability.archiver_run import (
     wait_caught_up,
     wait_for,
 )
+from tests.reliability.figures import Sampler, save_figure
 from tests.reliability.test_corrupt_cold import flip_body_bit
 from tieredstore.cli.app import EXIT_INTEGRITY
 from tieredstore.dispatcher import Dispatcher
@@ -203,6 +204,15 @@ async def test_a_storage_outage_is_reported_backed_off_and_caught_up_while_puts_
             stop_archiver, stop_producer = asyncio.Event(), asyncio.Event()
             archiver = asyncio.create_task(dispatcher.run(stop_archiver))
             producer = asyncio.create_task(produce(hot, 10**9, rate=1_000, seed=3, stop=stop_producer))
+            sampler = Sampler(
+                {
+                    "put": lambda: sum(hot.max_offset(t, q) for t, q in hot.queues()),
+                    "archived": lambda: dispatcher.stats.messages,
+                    "cold_storage_up": lambda: metric(runtime, "tieredstore_cold_storage_up"),
+                    "commit_failures": lambda: commit_failures(runtime),
+                }
+            )
+            sampler.start()
             with structlog.testing.capture_logs() as logs:
                 await wait_for(lambda: dispatcher.stats.messages >= 2_000, 60, "archiving 2,000 messages")
                 assert metric(runtime, "tieredstore_cold_storage_up") == 1
@@ -211,6 +221,7 @@ async def test_a_storage_outage_is_reported_backed_off_and_caught_up_while_puts_
                     sum(hot.max_offset(t, q) for t, q in hot.queues()),
                 )
                 outage_started = time.monotonic()
+                sampler.mark("outage began")
                 with proxy.outage():
                     storage_down_seen = False
                     while time.monotonic() - outage_started < OUTAGE_SECONDS:
@@ -222,11 +233,16 @@ async def test_a_storage_outage_is_reported_backed_off_and_caught_up_while_puts_
                     failures_in_outage = commit_failures(runtime)
                     put_in_outage = sum(hot.max_offset(t, q) for t, q in hot.queues()) - puts_before
                 outage_ended = time.monotonic()
+                sampler.mark("outage ended")
                 storage_down_at_end = metric(runtime, "tieredstore_cold_storage_up") == 0
                 await asyncio.sleep(2)
                 stop_producer.set()
                 produced = await producer
+                sampler.mark("last put")
                 caught_up_in = await wait_caught_up(runtime, within=120)
+                sampler.mark("caught up")
+                await asyncio.sleep(0.5)  # a few samples after it, for the plot's right edge
+                await sampler.stop()
                 assert metric(runtime, "tieredstore_cold_storage_up") == 1
             stop_archiver.set()
             stats = await archiver
@@ -248,6 +264,7 @@ async def test_a_storage_outage_is_reported_backed_off_and_caught_up_while_puts_
     assert lag_at_end >= put_in_outage * 0.9
     assert {(e["topic"], e["queue_id"]) for e in resumed} == set(per_queue)  # each failing queue resumed
     assert problems == [] and archived == produced == stats.messages
+    save_figure("archiver-outage", sampler.figure(outage_seconds=OUTAGE_SECONDS, producer_rate=1_000))
     with capsys.disabled():
         print(
             f"\nfigures archiver-outage: {OUTAGE_SECONDS:.0f}s outage; {put_in_outage:,} puts accepted during it "

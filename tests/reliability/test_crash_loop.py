@@ -26,6 +26,7 @@ import pytest
 from tests.archiver.processes import child_env, run_tieredstore, start_producer, start_tieredstore, wait_for_text
 from tests.archiver.test_crash import Producer, _settings, _unmatched_acks
 from tests.reliability.archiver_run import FULL_SCALE, archive_state
+from tests.reliability.figures import save_figure
 from tieredstore.config import load_config
 from tieredstore.runtime import open_hot_store
 
@@ -65,6 +66,9 @@ def test_archiver_and_producer_sigkilled_in_a_loop_archive_every_acknowledged_pu
     archiver: subprocess.Popen[bytes] | None = None
     kills_mid_archive = 0
     checks: list[int] = []
+    # (seconds since the start, victim) per kill and (seconds, messages archived) per check, for the plot
+    kill_times: list[tuple[float, str]] = []
+    check_times: list[tuple[float, int]] = []
 
     def start_archiver() -> tuple[subprocess.Popen[bytes], Path]:
         nonlocal archiver_runs
@@ -78,6 +82,7 @@ def test_archiver_and_producer_sigkilled_in_a_loop_archive_every_acknowledged_pu
             if victim == "producer":
                 time.sleep(rng.uniform(0.0, 0.8))
                 producer.kill()
+                kill_times.append((round(time.monotonic() - started, 3), "producer"))
                 producer.start()
                 continue
             if rng.random() < 0.25:
@@ -90,12 +95,14 @@ def test_archiver_and_producer_sigkilled_in_a_loop_archive_every_acknowledged_pu
             archiver.send_signal(signal.SIGKILL)
             archiver.wait(timeout=10)
             assert archiver.returncode == -signal.SIGKILL
+            kill_times.append((round(time.monotonic() - started, 3), "archiver"))
             if archiver_runs % CHECK_EVERY == 0:
                 archived, problems = asyncio.run(archive_state(config, follow=True))
                 assert problems == [], f"seed {seed}, after {archiver_runs} archiver kills"
                 total = sum(archived.values())
                 assert not checks or total > checks[-1], f"seed {seed}: no progress since the last check"
                 checks.append(total)
+                check_times.append((round(time.monotonic() - started, 3), total))
             archiver, stderr = start_archiver()
         archiver.send_signal(signal.SIGKILL)
         archiver.wait(timeout=10)
@@ -118,6 +125,11 @@ def test_archiver_and_producer_sigkilled_in_a_loop_archive_every_acknowledged_pu
     assert all(offset < archived[(topic, queue_id)] for topic, queue_id, offset in acks)
     assert producer.runs == 1 + KILLS_EACH and archiver_runs == 1 + KILLS_EACH
     assert kills_mid_archive >= KILLS_EACH // 2 and len(checks) == KILLS_EACH // CHECK_EVERY
+    save_figure(
+        "crash-loop",
+        {"seed": seed, "kills": kill_times, "checks": check_times, "acknowledged": len(acks),
+         "archived": sum(archived.values()), "seconds": round(time.monotonic() - started, 3)},
+    )  # fmt: skip
     with capsys.disabled():
         print(
             f"\nfigures crash-loop: seed {seed}, {KILLS_EACH} archiver + {KILLS_EACH} producer SIGKILLs in "
