@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections import Counter
 
 import pytest
 
-from tests.spark.helpers import Archive, store_timestamp
+from tests.spark.helpers import BROKER, CLUSTER, Archive, store_timestamp
+from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
+from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import FileSegment
 from tieredstore.providers.chunks import Chunk, ChunkedSegment
-from tieredstore.spark import ScanOptions, layout, plan_partitions
+from tieredstore.providers.registry import open_provider
+from tieredstore.spark import ScanOptions, layout, plan_partitions, planning, read_partition
 from tieredstore.spark.filters import ScanFilter
 from tieredstore.spark.planning import PartitionPlan
 
@@ -35,43 +40,110 @@ def _plans(archive: Archive, scan_filter: ScanFilter, *, metadata: bool = True, 
     return plan_partitions(scan_options, scan_filter)
 
 
+def _filtered_plans(archive: Archive, name: str, metadata: bool) -> list[PartitionPlan]:
+    """The plans of ``FILTERS[name]``, with small partitions for the filter of that name."""
+    extra = {"max_partition_bytes": "3000"} if name == "small partitions" else {}
+    return _plans(archive, FILTERS[name], metadata=metadata, **extra)
+
+
+async def _nothing_by_name(self: FileSegment, position: int, max_length: int) -> bytes:
+    return b""
+
+
+async def _range_from_units(view: layout.ArchiveView, low: int, last: int) -> tuple[int, int, bool]:
+    first, final = await asyncio.gather(view.unit(low), view.unit(last))
+    return first.commitlog_offset, final.commitlog_offset + final.size, False
+
+
+# Planning as it read before each saving: the plans must be the same.
+READ_AS_BEFORE = {
+    # Every unit comes through a plain ranged read, as before segments' first chunks were read by name.
+    "first chunks listed": (FileSegment, "read_from", _nothing_by_name),
+    # Both ends of every queue range come from consume-queue units, as before the segment rows were used.
+    "ranges from units": (planning, "_commit_log_range", _range_from_units),
+}
+
+
+@pytest.mark.parametrize("before", list(READ_AS_BEFORE))
 @pytest.mark.parametrize("metadata", [True, False], ids=["metadata", "listing"])
 @pytest.mark.parametrize("name", list(FILTERS))
-def test_reading_first_chunks_by_name_keeps_every_plan(
-    archive: Archive, name: str, metadata: bool, monkeypatch: pytest.MonkeyPatch
+def test_reading_less_keeps_every_plan(
+    archive: Archive, name: str, metadata: bool, before: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    extra = {"max_partition_bytes": "3000"} if name == "small partitions" else {}
-    planned = _plans(archive, FILTERS[name], metadata=metadata, **extra)
+    planned = _filtered_plans(archive, name, metadata)
     assert planned, "every filter here matches some records"
-
-    async def nothing_by_name(self: FileSegment, position: int, max_length: int) -> bytes:
-        return b""
-
-    # Every unit then comes through a plain ranged read, as before segments' first chunks were read by name.
-    monkeypatch.setattr(FileSegment, "read_from", nothing_by_name)
-    assert planned == _plans(archive, FILTERS[name], metadata=metadata, **extra)
+    monkeypatch.setattr(*READ_AS_BEFORE[before])
+    assert planned == _filtered_plans(archive, name, metadata)
 
 
-def test_a_whole_queue_is_planned_listing_only_its_last_consume_queue_segment(
+def test_a_whole_queue_is_planned_without_listing_or_reading_its_consume_queue(
     s3_archive: Archive, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each S3 listing is a request on the driver before the job starts; the first unit needs none."""
+    """Each S3 request is on the driver before the job starts; a whole queue's range is in its segment rows."""
     listed: list[str] = []
+    consume_queue_reads: list[str] = []
     list_chunks = ChunkedSegment._list_chunks
+    read_from = FileSegment.read_from
 
     async def counted(self: ChunkedSegment) -> list[Chunk]:
-        if self.file_type is FileType.CONSUME_QUEUE:
-            listed.append(self.key)
+        listed.append(self.key)
         return await list_chunks(self)
 
+    async def recorded(self: FileSegment, position: int, max_length: int) -> bytes:
+        if self.file_type is FileType.CONSUME_QUEUE:
+            consume_queue_reads.append(self.key)
+        return await read_from(self, position, max_length)
+
     monkeypatch.setattr(ChunkedSegment, "_list_chunks", counted)
+    monkeypatch.setattr(FileSegment, "read_from", recorded)
     planned = _plans(s3_archive, ScanFilter())
     queues = {plan.layout.path for plan in planned}
     assert len(queues) == 6
-    # orders/0 alone has 12 consume-queue segments; the first and the last unit are read, the first by name.
-    listings = Counter(path for path in queues for key in listed if f"{path}/" in key)
-    assert len(listed) == len(queues)
-    assert listings == dict.fromkeys(queues, 1)
+    # orders/0 alone has 12 consume-queue segments: none is read, and the head of each later commit-log
+    # segment is read by its first chunk's name.
+    assert listed == []
+    assert consume_queue_reads == []
+
+
+def _retained(queue: layout.QueueLayout, dropped_segments: int) -> layout.QueueLayout:
+    """``queue`` as retention leaves it when it removed the first consume-queue segments but not the commit-log
+    segment their records are in, with both files' first segments recorded at one store time (records
+    stored in one millisecond): a start guessed from the rows is then wrong."""
+    consume_queue = queue.consume_queue[dropped_segments:]
+    first = dataclasses.replace(consume_queue[0], begin_timestamp=queue.commit_log[0].begin_timestamp)
+    return dataclasses.replace(
+        queue, min_offset=first.base_offset // UNIT_SIZE, consume_queue=(first, *consume_queue[1:])
+    )
+
+
+@pytest.mark.parametrize("budget", ["3000", str(128 << 20)], ids=["split", "whole"])
+def test_a_start_guessed_wrong_costs_reads_not_rows(posix_archive: Archive, budget: str) -> None:
+    """The reader finds another record where the guess points and reads the consume queue; a piece to
+    split is searched from where its first record really starts."""
+    options = ScanOptions.parse({"path": "orders", **posix_archive.options(max_partition_bytes=budget)})
+    metadata = MetadataStore.open(posix_archive.metadata_url)
+    try:
+        (orders,) = layout.layouts_from_metadata(
+            metadata, ["orders"], cluster=CLUSTER, broker=BROKER, queue_allowed=lambda queue_id: queue_id == 0
+        )
+    finally:
+        metadata.close()
+    queue = _retained(orders, dropped_segments=2)
+    assert queue.min_offset == 40 and len(queue.commit_log) > 1
+
+    async def plan() -> list[PartitionPlan]:
+        async with open_provider(options.cold_url) as provider:
+            return await planning.plan_queue(provider, queue, ScanFilter(), options.max_partition_bytes)
+
+    planned = asyncio.run(plan())
+    expected = [row for row in posix_archive.expected("orders") if row["queue_id"] == 0 and row["queue_offset"] >= 40]
+    split = len(planned) > len(queue.commit_log)
+    assert split == (budget == "3000")
+    # Guessed at the commit log's start; read from the consume queue before a split.
+    assert planned[0].queue_start == 40
+    assert planned[0].commitlog_start == (expected[0]["commitlog_offset"] if split else 0)
+    rows = [row for p in planned for batch in read_partition(p, options) for row in batch.to_pylist()]
+    assert [(row["queue_offset"], row["body"]) for row in rows] == [(r["queue_offset"], r["body"]) for r in expected]
 
 
 def test_split_points_searched_together_read_each_unit_once(

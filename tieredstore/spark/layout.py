@@ -157,7 +157,11 @@ class ArchiveView:
 
     async def first_queue_offset(self, span: SegmentSpan) -> int:
         """QUEUEOFFSET of the first record of a commit-log segment."""
-        (queue_offset,) = struct.unpack_from(">q", await self.record_head(span.base_offset), POS_QUEUE_OFFSET)
+        # The segment's first chunk is named by its start: read without listing the segment's chunks.
+        head = await self.commit_log_segment(span.base_offset).read_from(0, RECORD_HEAD_SIZE)
+        if len(head) < MIN_RECORD_SIZE:
+            head = await self.record_head(span.base_offset)
+        (queue_offset,) = struct.unpack_from(">q", head, POS_QUEUE_OFFSET)
         return int(queue_offset)
 
     # ---- held offsets (the consume queue minus its holes) ----------------------------------------

@@ -2,14 +2,18 @@
 
 For each queue the pushed filters become one queue-offset range: offsets directly, store times by a
 binary search over the consume queue (after segments whose time range cannot match are dropped);
-every search steps over consume-queue holes. Two consume-queue units turn that range into
-commit-log bytes; each commit-log segment the bytes touch is one partition, split at record
-boundaries (found by a search over the consume queue that guesses by commit-log position) until
-none holds more than ``max_partition_bytes`` — unless a single record is larger.
+every search steps over consume-queue holes. The range's first and last records turn it into
+commit-log bytes: from the segment rows where they can say (the queue's last record ends its commit
+log; its oldest one most likely starts it), else from two consume-queue units. Each commit-log segment
+the bytes touch is one partition, split at record boundaries (found by a search over the consume
+queue that guesses by commit-log position) until none holds more than ``max_partition_bytes`` —
+unless a single record is larger.
 
-A plan costs, per queue, two unit reads (the first one without a listing of chunks when it starts a
-consume-queue segment), one record-head read per further segment, ~2·log2(n) reads per time bound and
-a few per split point (never more than ~2·log2(n)); queues are planned ``planning_concurrency`` at a time.
+A whole queue whose files' first segments begin at the same store time is planned from the segment
+rows alone: no read but one record head per further commit-log segment. Otherwise a plan costs, per
+queue, up to two unit reads (the first one without a listing of chunks when it starts a consume-queue
+segment), ~2·log2(n) reads per time bound and a few per split point (never more than ~2·log2(n));
+queues are planned ``planning_concurrency`` at a time.
 """
 
 from __future__ import annotations
@@ -83,9 +87,13 @@ class _Piece:
         return self.commitlog_end - self.commitlog_start
 
 
+def _needs_split(view: ArchiveView, piece: _Piece, budget: int) -> bool:
+    return piece.size > budget and view.held_count(piece.queue_start, piece.queue_end) > 1
+
+
 async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     """``piece`` cut at record starts into pieces of at most ``budget`` bytes (or one record each)."""
-    if piece.size <= budget or view.held_count(piece.queue_start, piece.queue_end) <= 1:
+    if not _needs_split(view, piece, budget):
         return [piece]
     count = -(-piece.size // budget)
     targets = [piece.commitlog_start + piece.size * k // count for k in range(1, count)]
@@ -113,6 +121,41 @@ async def _split(view: ArchiveView, piece: _Piece, budget: int) -> list[_Piece]:
     ]
     nested = await asyncio.gather(*(_split(view, p, budget) for p in pieces))
     return [p for group in nested for p in group]
+
+
+async def _commit_log_range(view: ArchiveView, low: int, last: int) -> tuple[int, int, bool]:
+    """Commit-log bytes from the record at ``low`` to the end of the one at ``last``, and whether the start is
+    a guess; read from their consume-queue units only where the segment rows cannot say.
+
+    The queue's last record ends its commit log, or ends before it: the archiver commits the commit log
+    first and records both sizes in one transaction (a listing lists the consume queue first). The
+    oldest record starts the commit log when both files' first segments begin at the same store time
+    (else retention has left older records in the commit log); the reader checks the record it finds
+    there and reads the consume queue if it is not the one, so a wrong guess costs a read, never a row.
+    """
+    layout = view.layout
+    written = [span for span in layout.commit_log if span.size > 0]
+    first_unit = next((span for span in layout.consume_queue if span.base_offset == low * UNIT_SIZE), None)
+    at_end = view.next_held(last + 1) is None
+    guessed = (
+        first_unit is not None
+        and bool(written)
+        and low == view.next_held(layout.min_offset)
+        and first_unit.begin_timestamp is not None
+        and first_unit.begin_timestamp == written[0].begin_timestamp
+    )
+
+    async def start() -> int:
+        return written[0].base_offset if guessed else (await view.unit(low)).commitlog_offset
+
+    async def end() -> int:
+        if at_end and written:
+            return written[-1].end_offset
+        unit = await view.unit(last)
+        return unit.commitlog_offset + unit.size
+
+    byte_low, byte_high = await asyncio.gather(start(), end())
+    return byte_low, byte_high, guessed
 
 
 def _trimmed(layout: QueueLayout, span: SegmentSpan, queue_start: int, queue_end: int) -> QueueLayout:
@@ -147,8 +190,7 @@ async def plan_queue(
     last_offset = view.last_held_before(high)
     if low >= high or last_offset is None or last_offset < low:
         return []
-    first, last = await asyncio.gather(view.unit(low), view.unit(last_offset))
-    byte_low, byte_high = first.commitlog_offset, last.commitlog_offset + last.size
+    byte_low, byte_high, guessed = await _commit_log_range(view, low, last_offset)
     touched = [s for s in spans if s.size > 0 and s.base_offset < byte_high and s.end_offset > byte_low]
 
     async def start_of(span: SegmentSpan) -> int:
@@ -159,8 +201,16 @@ async def plan_queue(
     for index, span in enumerate(touched):
         if not span.may_hold_time(start_ms, end_ms):
             continue
-        queue_end = starts[index + 1] if index + 1 < len(touched) else high
-        piece = _Piece(starts[index], queue_end, max(span.base_offset, byte_low), min(span.end_offset, byte_high))
+        # Clamped, and an empty piece dropped: with a guessed start a segment of older records can be touched.
+        queue_start = max(starts[index], low)
+        queue_end = min(starts[index + 1], high) if index + 1 < len(touched) else high
+        if queue_end <= queue_start:
+            continue
+        piece = _Piece(queue_start, queue_end, max(span.base_offset, byte_low), min(span.end_offset, byte_high))
+        if guessed and queue_start == low and _needs_split(view, piece, max_partition_bytes):
+            # A split searches from where the first record really starts; only then is it worth a read.
+            exact = (await view.unit(low)).commitlog_offset
+            piece = _Piece(queue_start, queue_end, max(span.base_offset, exact), piece.commitlog_end)
         pieces.append((span, piece))
     split = await asyncio.gather(*(_split(view, piece, max_partition_bytes) for _, piece in pieces))
     plans = []
