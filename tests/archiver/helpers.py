@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
+from tests.local.conftest import mapped_rss
 from tieredstore.config import ArchiverSettings, IndexSettings
 from tieredstore.dispatcher import Dispatcher
 from tieredstore.flat import FlatFileStore, check_queue_invariant
 from tieredstore.index import IndexService
 from tieredstore.local import LocalMessageStore, LocalStoreConfig
+from tieredstore.local.batch import HotBatch
 from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.providers.base import FileSegment, Provider
@@ -110,3 +114,18 @@ class PathFaultProvider(FaultyProvider):
         path = segment.segment_id.path
         plan = next((p for prefix, p in self.plans.items() if f"/{prefix}/" in f"/{path}/"), self.plan)
         return FaultySegment(segment, plan)
+
+
+def measure_reads(archive: Archive, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The hot commit log's resident bytes after each batch read, from now on (appended as they come)."""
+    commit_log = archive.root / "hot" / "commitlog"
+    after_reads: list[int] = []
+    read_batch = archive.hot.read_batch
+
+    def measured_read_batch(*args: Any, **kwargs: Any) -> HotBatch:
+        batch = read_batch(*args, **kwargs)
+        after_reads.append(mapped_rss(commit_log))
+        return batch
+
+    monkeypatch.setattr(archive.hot, "read_batch", measured_read_batch)
+    return after_reads

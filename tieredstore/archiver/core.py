@@ -69,6 +69,8 @@ class ArchiverCore:
         self.stats = DispatchStats()
         self._queues: dict[QueueKey, QueueWorker] = {}
         self._hot_pages = HotPages(hot)
+        # Every queue's batch reads share the hot pages mapped (see HotPages).
+        self.hot_window = self._hot_pages.window
         self._hot_views = HotViews(hot, self.topics, self._serves)
         self._commit_slots = asyncio.Semaphore(self.settings.max_pending_commits)
         self._tasks: dict[QueueKey, asyncio.Task[None]] = {}

@@ -10,13 +10,19 @@ from dataclasses import dataclass
 import structlog
 
 from tieredstore.errors import TieredStoreError
+from tieredstore.local.batch import SharedWindow
 from tieredstore.local.hot_reader import HotReader
 
 log = structlog.get_logger(__name__)
 
 # Hot pages every queue has read are released after this much more was read, or this many seconds.
-PAGE_RELEASE_BYTES = 32 << 20
+PAGE_RELEASE_BYTES = 8 << 20
 PAGE_RELEASE_INTERVAL = 1.0
+# How far behind the furthest batch read the hot commit log stays mapped for the other queues' batches:
+# queues written together have their records interleaved, so one mapping serves them all instead of
+# each faulting the same pages in again; bounded so that a queue far behind cannot keep the log in RSS,
+# and to what the archiver's 256 MiB RSS target (issue 5) leaves beside its batch buffers.
+HOT_WINDOW_BYTES = 12 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,18 +37,24 @@ class NextRead:
 
 
 class HotPages:
-    """Releases the hot commit log's pages below the next unread record of every queue, now and then."""
+    """The hot commit log's pages the archiver's batch reads share (``window``): released below the next
+    unread record of every queue, or below the window, now and then."""
 
     def __init__(self, hot: HotReader) -> None:
         self.hot = hot
-        # The furthest any batch read reached in the hot commit log, and when pages were last released.
-        self.read_end = 0
+        # Every batch read goes through it; it knows the furthest any reached in the hot commit log.
+        self.window = SharedWindow(HOT_WINDOW_BYTES)
         self._released_at = 0.0
         self._read_end_at_release = 0
 
+    @property
+    def read_end(self) -> int:
+        """The furthest any batch read reached in the hot commit log."""
+        return self.window.furthest
+
     def read_to(self, position: int) -> None:
         """A batch read ended at ``position`` in the hot commit log."""
-        self.read_end = max(self.read_end, position)
+        self.window.reached(position)
 
     def due(self, *, force: bool = False) -> bool:
         """Whether enough was read, or enough time passed, since the last release (always when forced)."""
@@ -53,19 +65,21 @@ class HotPages:
         )
 
     async def release(self, unread: Collection[NextRead]) -> None:
-        """Unmap the hot commit log below every queue's next unread record (``unread``: the queues with backlog).
+        """Unmap the hot commit log below every queue's next unread record (``unread``: the queues with
+        backlog), or below the window if that is higher.
 
-        Batch reads unmap the pages they copy from as they go; this sweeps up
-        what else mapped hot pages: the pages a fault mapped around a batch's last record, the store
-        timestamps read for the group-commit timeout, a follower's checks of new records. Without it
-        they would stay in the archiver's RSS until retention deletes the file. Only advisory: a page
-        released too early is mapped again when read.
+        Batch reads leave the pages they copy from mapped within the window, for the other queues, and
+        unmap what falls out of it as they go; this releases the window's pages once no queue needs
+        them, and what else mapped hot pages: the store timestamps read for the group-commit timeout, a
+        follower's checks of new records. Without it they would stay in the archiver's RSS until
+        retention deletes the file. Only advisory: a page released too early is mapped again when read.
         """
         self._released_at, self._read_end_at_release = time.monotonic(), self.read_end
         await asyncio.to_thread(self._release_below, list(unread), self.read_end)
 
     def _release_below(self, unread: list[NextRead], read_end: int) -> None:
         bound = read_end
+        floor = read_end - self.window.span  # what a queue below it reads, it maps and unmaps on its own
         for queue in unread:
             position = queue.position
             if position is None:  # not read since it was opened: where its next record is
@@ -73,7 +87,7 @@ class HotPages:
                     position = self.hot.cq_unit(queue.topic, queue.queue_id, queue.offset).commitlog_offset
                 except (TieredStoreError, OSError):
                     continue  # not in the hot store (a lost range): it reads nothing below the bound
-            bound = min(bound, position)
+            bound = min(bound, max(position, floor))
         released = self.hot.release_pages(bound)
         if released:
             log.debug("hot pages released", below=bound, bytes=released)

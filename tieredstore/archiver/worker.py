@@ -171,7 +171,7 @@ class QueueWorker:
             start,
             max_count=min(settings.group_commit_count, durable - start),
             max_bytes=settings.group_commit_size,
-            unmap=True,
+            window=archiver.hot_window,
         )
         topic_id = self.topic_id if self.topic_id is not None else 0
         entries = index_entries(topic, topic_id, queue_id, records) if archiver.index is not None else []

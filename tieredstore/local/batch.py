@@ -40,7 +40,7 @@ from tieredstore.formats.records import (
     store_timestamps_of,
     tag_hashes_of,
 )
-from tieredstore.local.mapped_file import release_mapped_pages
+from tieredstore.local.mapped_file import release_files_below, release_mapped_pages
 
 # How much of a file a batch read unmapping as it goes (``copy_records``) holds mapped at most.
 UNMAP_STEP = 4 << 20
@@ -48,6 +48,8 @@ UNMAP_STEP = 4 << 20
 
 class MappedRegion(Protocol):
     """A mapped store file: where it starts in its address space, where it ends, and the mapping."""
+
+    released_upto: int  # bytes from the file start whose pages ``release_files_below`` unmapped already
 
     @property
     def start_offset(self) -> int: ...
@@ -57,6 +59,33 @@ class MappedRegion(Protocol):
 
     @property
     def buffer(self) -> mmap.mmap: ...
+
+
+class SharedWindow:
+    """The commit-log pages that the batch reads of several queues share (the archiver's, one per queue).
+
+    Records of many queues lie interleaved in the commit log, so the pages one queue's batch maps hold
+    the next queues' records too. A read through the window (``read_batch(..., window=...)``) leaves the
+    pages it copied mapped for them, except what lies below its file's release mark (released already:
+    nothing would release it again) or more than ``span`` bytes behind the furthest any read reached (a
+    queue far behind must not keep the log mapped): those it unmaps as it goes, as an unmapping read
+    does, and what other reads left behind the window with them. The window's owner releases the rest
+    (``release_pages``) once every queue has read past it.
+    """
+
+    def __init__(self, span: int) -> None:
+        self.span = span
+        self.furthest = 0  # the furthest commit-log offset any read through the window copied up to
+        self.released_below = 0  # where the reads last released the log behind the window
+
+    def reached(self, position: int) -> None:
+        if position > self.furthest:
+            self.furthest = position
+
+    @property
+    def floor(self) -> int:
+        """Pages below this commit-log offset are out of the window."""
+        return self.furthest - self.span
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -185,6 +214,7 @@ def copy_records(
     sizes: Int64Array,
     *,
     unmap_below: int | None = None,
+    window: SharedWindow | None = None,
 ) -> bytearray:
     """The records at ``local`` in file ``which`` (sizes ``sizes``) joined into one buffer.
 
@@ -193,7 +223,8 @@ def copy_records(
     process every UNMAP_STEP bytes of file, as the copy goes: a reader that reads each record once (the
     archiver) then holds at most a step of the commit log mapped per batch being read, where one batch
     of a queue among many spans far more (4 MiB of one of 16 queues: 64 MiB). The pages stay in the page
-    cache; another queue's batch that needs one of them maps it again.
+    cache; another queue's batch that needs one of them maps it again. With ``window`` instead, only the
+    pages out of the shared window are unmapped as the copy goes (see SharedWindow).
     """
     if not len(which):
         return bytearray()
@@ -206,8 +237,8 @@ def copy_records(
     finishes = ends[lasts]
     run_files = which[firsts]
     try:
-        if unmap_below is not None:
-            return _copy_unmapping(files, run_files, begins, finishes, unmap_below)
+        if unmap_below is not None or window is not None:
+            return _copy_unmapping(files, run_files, begins, finishes, unmap_below, window)
         if int(which[0]) == int(which[-1]):
             buffer = buffers[int(which[0])]
             return bytearray().join(
@@ -224,9 +255,15 @@ def copy_records(
 
 
 def _copy_unmapping(
-    files: Sequence[MappedRegion], run_files: Int64Array, begins: Int64Array, finishes: Int64Array, unmap_below: int
+    files: Sequence[MappedRegion],
+    run_files: Int64Array,
+    begins: Int64Array,
+    finishes: Int64Array,
+    unmap_below: int | None,
+    window: SharedWindow | None,
 ) -> bytearray:
-    """``copy_records``' copy of the runs, unmapping each UNMAP_STEP of file once its runs are copied."""
+    """``copy_records``' copy of the runs, unmapping each UNMAP_STEP of file once its runs are copied
+    (below ``unmap_below``, or out of ``window``)."""
     # Runs in the same file and the same UNMAP_STEP of it are copied together, then their pages released.
     steps = run_files * (1 << 48) + begins // UNMAP_STEP
     cuts = np.concatenate(([0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)])).tolist()
@@ -239,10 +276,25 @@ def _copy_unmapping(
         buffer = file.buffer
         # Slices of an mmap are copies: once taken, their pages may go.
         copies += [buffer[begin:end] for begin, end in zip(begins_list[low:high], finishes_list[low:high], strict=True)]
+        finish = finishes_list[high - 1]
+        if window is None:
+            assert unmap_below is not None
+            below = unmap_below - file.start_offset
+        else:
+            window.reached(file.start_offset + finish)
+            if window.floor >= window.released_below + UNMAP_STEP:
+                # What the other queues' reads left mapped behind the window goes too, a step at a time.
+                window.released_below = window.floor
+                release_files_below(files, window.floor)
+            # The mark is read after the copy and raised before its release unmaps: a page copied here
+            # is either below the mark read now, or unmapped by that release.
+            below = max(file.released_upto, window.floor - file.start_offset)
         # From where the last step ended: a fault maps the pages around it too, gaps between records included.
-        begin = released.get(which, begins_list[low])
-        released[which] = min(finishes_list[high - 1], unmap_below - file.start_offset)
-        release_mapped_pages(buffer, begin, released[which])
+        begin = released.setdefault(which, begins_list[low])
+        end = min(finish, below)
+        if end > begin:
+            release_mapped_pages(buffer, begin, end)
+            released[which] = end
     return bytearray().join(copies)
 
 
@@ -333,11 +385,19 @@ class WrittenLog(Protocol):
 
 
 def read_written(
-    log: WrittenLog, topic: str, queue_id: int, first_offset: int, units: np.ndarray, *, unmap: bool = False
+    log: WrittenLog,
+    topic: str,
+    queue_id: int,
+    first_offset: int,
+    units: np.ndarray,
+    *,
+    unmap: bool = False,
+    window: SharedWindow | None = None,
 ) -> HotBatch:
     """The writer's records of ``units`` (from ``first_offset``) as a checked HotBatch.
 
-    ``unmap``: unmap the flushed pages copied from as the copy goes (``copy_records``).
+    ``unmap``: unmap the flushed pages copied from as the copy goes; ``window``: only those out of the
+    shared window (``copy_records``).
 
     NotFoundError when a record is no longer (or not) in the hot store: retention deleted its file.
     """
@@ -364,7 +424,7 @@ def read_written(
         raise NotFoundError(
             f"the record of {topic}/{queue_id} offset {first_offset + count} is not in one commit-log file"
         )
-    data = copy_records(files, which, local, sizes, unmap_below=log.flushed_offset if unmap else None)
+    data = copy_records(files, which, local, sizes, unmap_below=log.flushed_offset if unmap else None, window=window)
     batch = build(topic, queue_id, first_offset, units, data)
     check_written(batch)
     return batch

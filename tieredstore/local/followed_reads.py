@@ -18,6 +18,7 @@ from tieredstore.formats.message import store_timestamp_of
 from tieredstore.formats.records import Expected, Fault, describe, explain
 from tieredstore.local.batch import (
     HotBatch,
+    SharedWindow,
     build,
     copy_records,
     followed_problems,
@@ -134,7 +135,14 @@ def read_checked_messages(
 
 
 def read_checked_batch(
-    log_: FollowedLog, queue: FollowedQueue, queue_offset: int, max_count: int, max_bytes: int, *, unmap: bool
+    log_: FollowedLog,
+    queue: FollowedQueue,
+    queue_offset: int,
+    max_count: int,
+    max_bytes: int,
+    *,
+    unmap: bool,
+    window: SharedWindow | None = None,
 ) -> HotBatch:
     """The follower's ``read_batch`` from a queue offset at or above the queue's min offset (under its lock)."""
     topic, queue_id = queue.topic, queue.queue_id
@@ -159,6 +167,7 @@ def read_checked_batch(
             units["size"].astype(np.int64),
             # A follower's mapping is read-only: every page it maps is on disk already.
             unmap_below=log_.files[-1].end_offset if unmap else None,
+            window=window,
         ),
     )
     bad = followed_problems(batch, queue.topic_raw)

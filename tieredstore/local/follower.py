@@ -45,7 +45,7 @@ from tieredstore.errors import NotFoundError, ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import store_timestamp_of
 from tieredstore.formats.naming import validate_topic
-from tieredstore.local.batch import HotBatch
+from tieredstore.local.batch import HotBatch, SharedWindow
 from tieredstore.local.checkpoint import CheckpointSource, FlushedBound
 from tieredstore.local.commit_log_dispatch import CommitLogDispatch
 from tieredstore.local.config import LocalStoreConfig
@@ -289,15 +289,17 @@ class HotStoreFollower(UnitReads):
         max_bytes: int = 4 << 20,
         *,
         unmap: bool = False,
+        window: SharedWindow | None = None,
     ) -> HotBatch:
         """``read_messages`` as one HotBatch (see ``tieredstore.local.batch``): the same records, each
-        checked again as it is copied out, all at once instead of one by one. ``unmap`` as the writer's."""
+        checked again as it is copied out, all at once instead of one by one. ``unmap`` and ``window`` as
+        the writer's."""
         with self._lock:
             queue = self._fresh(topic, queue_id)
             if queue is None:
                 return HotBatch.empty(topic, queue_id, queue_offset)
             check_not_below(topic, queue_id, queue_offset, queue.min_offset)
-            return read_checked_batch(self._log, queue, queue_offset, max_count, max_bytes, unmap=unmap)
+            return read_checked_batch(self._log, queue, queue_offset, max_count, max_bytes, unmap=unmap, window=window)
 
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         with self._lock:

@@ -15,7 +15,7 @@ from typing import Protocol, Self, runtime_checkable
 from tieredstore.errors import ValidationError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import MessageRecord
-from tieredstore.local.batch import HotBatch
+from tieredstore.local.batch import HotBatch, SharedWindow
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.index_file import KeyedRecord
 from tieredstore.local.reading import Boundary, StoredMessage
@@ -84,6 +84,7 @@ class HotReader(Protocol):
         max_bytes: int = 4 << 20,
         *,
         unmap: bool = False,
+        window: SharedWindow | None = None,
     ) -> HotBatch: ...
 
     def get_message(self, topic: str, queue_id: int, queue_offset: int) -> MessageRecord: ...

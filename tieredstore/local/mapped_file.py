@@ -58,8 +58,10 @@ def release_mapped_pages(buffer: mmap.mmap, begin: int, end: int) -> int:
 class ReleasableFile(Protocol):
     """A mapped store file as ``release_files_below`` needs it; ``released_upto`` is its own mark."""
 
-    start_offset: int
     released_upto: int  # bytes from the file start whose pages were unmapped already
+
+    @property
+    def start_offset(self) -> int: ...
 
     @property
     def end_offset(self) -> int: ...
@@ -86,8 +88,10 @@ def release_files_below(files: Sequence[ReleasableFile], offset: int, *, sweep: 
             if sweep:
                 continue
             break
-        released += release_mapped_pages(file.buffer, begin, end)
+        # Marked before unmapping: a shared-window read that still sees the old mark copied before it
+        # moved, so this unmap comes after its copy (see batch.SharedWindow).
         file.released_upto = max(file.released_upto, end)
+        released += release_mapped_pages(file.buffer, begin, end)
     return released
 
 

@@ -8,7 +8,7 @@ from tieredstore.errors import NotFoundError
 from tieredstore.formats.consume_queue import ConsumeQueueUnit
 from tieredstore.formats.message import store_timestamp_of
 from tieredstore.formats.naming import validate_topic
-from tieredstore.local.batch import HotBatch, parse_units, read_written
+from tieredstore.local.batch import HotBatch, SharedWindow, parse_units, read_written
 from tieredstore.local.index_file import KeyedRecord, find_records, whole_record
 from tieredstore.local.reading import (
     TIMESTAMP_PREFIX,
@@ -135,13 +135,17 @@ class StoreReads(UnitReads, StoreState):
         max_bytes: int = 4 << 20,
         *,
         unmap: bool = False,
+        window: SharedWindow | None = None,
     ) -> HotBatch:
         """The messages ``read_messages`` gives, as one HotBatch: records joined in one buffer, units in
         one array, checked all at once (see ``tieredstore.local.batch``).
 
-        ``unmap`` is for a reader that reads each record once (the archiver): the (flushed) commit-log
-        pages the batch was copied from are unmapped from this process as the copy goes, so reading a
-        queue among many does not map the whole stretch of commit log its records are spread over.
+        ``unmap`` is for a reader that reads each record once: the (flushed) commit-log pages the batch
+        was copied from are unmapped from this process as the copy goes, so reading a queue among many
+        does not map the whole stretch of commit log its records are spread over. ``window`` is for
+        readers of many queues that read each record once (the archiver): the pages stay mapped for the
+        next queue's batch within the shared window, and only what falls out of it is unmapped as the
+        copy goes (``SharedWindow``).
         """
         queue = self._existing_queue(topic, queue_id)
         if queue is None:
@@ -151,7 +155,7 @@ class StoreReads(UnitReads, StoreState):
                 f"offset {queue_offset} of {topic}/{queue_id} is below the hot store's min offset {queue.min_offset}"
             )
         units = parse_units(queue.unit_bytes(queue_offset, max_count), max_bytes)
-        return read_written(self._commit_log, topic, queue_id, queue_offset, units, unmap=unmap)
+        return read_written(self._commit_log, topic, queue_id, queue_offset, units, unmap=unmap, window=window)
 
     def _store_timestamp_of(self, unit: ConsumeQueueUnit) -> int:
         head = self._commit_log.read(unit.commitlog_offset, min(unit.size, TIMESTAMP_PREFIX))
