@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import Connection, event, text
 
 from tieredstore.errors import ConcurrentUpdateError, LeaseLostError, NotFoundError, ValidationError
 from tieredstore.formats.naming import FileType
-from tieredstore.metadata import CommitRecord, MetadataStore, QueuePosition, SegmentUpdate
+from tieredstore.metadata import CommitRecord, MetadataStore, QueuePosition, SegmentUpdate, upgrade
 
 TOPIC = "TopicB"
 QUEUES = 6
@@ -144,3 +146,40 @@ def test_a_batch_of_one_is_record_commit(
     with pytest.raises(ConcurrentUpdateError):
         store.record_commit(TOPIC, 0, expected_version=queues[0].version, max_offset=6)
     assert store.record_commits([]) == []
+
+
+@pytest.mark.postgres
+def test_a_lease_renewal_beside_a_batch_waits_for_it_instead_of_deadlocking(postgres_url: str) -> None:
+    """A batch holds the queue rows it has written until it commits; a renewal of the same owner's leases
+    must not take rows the batch has yet to write while it waits for one the batch holds."""
+    upgrade(postgres_url)
+    with MetadataStore(postgres_url) as store:
+        for queue_id in range(QUEUES):
+            store.get_or_create_queue(TOPIC, queue_id)
+        store.leases.acquire_leases("archiver-a", ttl_ms=60_000, limit=QUEUES)
+        # Queue 0 taken again last, so an update of the owner's rows by the owner index meets it last.
+        store.leases.release_leases("archiver-a", [(TOPIC, 0)])
+        assert [lease.queue_id for lease in store.leases.acquire_leases("archiver-a", ttl_ms=60_000, limit=1)] == [0]
+        # The pool is left last: a failure rolls the batch back before the pool waits for the renewal.
+        with ThreadPoolExecutor(1) as pool, store.engine.connect() as batch, store.engine.connect() as watcher:
+            watcher = watcher.execution_options(isolation_level="AUTOCOMMIT")
+            with batch.begin() as transaction:
+                batch.exec_driver_sql("SET LOCAL lock_timeout = '20s'")
+                # The batch has written queue 0 (first in its order) and has the last queue still to write.
+                batch.execute(text("UPDATE queues SET updated = updated WHERE queue_id = 0"))
+                renewal = pool.submit(store.leases.renew_leases, "archiver-a", ttl_ms=60_000)
+                _wait_until_blocked(watcher, renewal)
+                batch.execute(text(f"UPDATE queues SET updated = updated WHERE queue_id = {QUEUES - 1}"))
+                transaction.commit()
+            assert len(renewal.result(timeout=30)) == QUEUES
+
+
+def _wait_until_blocked(connection: Connection, renewal: Future[object]) -> None:
+    """Until another session of this database waits on a row lock (the renewal, waiting for the batch)."""
+    deadline = time.monotonic() + 20
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    )
+    while not connection.execute(query).scalar():
+        assert not renewal.done() and time.monotonic() < deadline, "the renewal never waited for the batch"
