@@ -5,6 +5,7 @@ from tieredstore.metadata.migrate import check_schema, current, downgrade, head,
 from tieredstore.metadata.models import IndexFileStatus, SegmentFileType, SegmentStatus, TopicStatus
 from tieredstore.metadata.records import (
     LIVE_SEGMENT_STATUSES,
+    CommitRecord,
     IndexFileRecord,
     QueueKey,
     QueuePosition,
@@ -16,6 +17,7 @@ from tieredstore.metadata.store import MetadataStore
 
 __all__ = [
     "LIVE_SEGMENT_STATUSES",
+    "CommitRecord",
     "IndexFileRecord",
     "IndexFileStatus",
     "LeaseHold",

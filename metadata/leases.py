@@ -216,6 +216,18 @@ class LeaseStore:
             for name, queue_id, epoch, expiry in session.execute(statement)
         ]
 
+    @staticmethod
+    def _lock_owned(session: Session, owner: str) -> None:
+        """Lock ``owner``'s queue rows in (topic name, queue id) order, the order ``record_commits`` writes them
+        in: an UPDATE of them all would lock them in the table's order, and could deadlock with a batch."""
+        session.execute(
+            select(Queue.topic_id, Queue.queue_id)
+            .join(Topic, Topic.id == Queue.topic_id)
+            .where(Queue.owner == owner)
+            .order_by(Topic.name, Queue.queue_id)
+            .with_for_update(of=Queue)
+        )
+
     def renew_leases(self, owner: str, *, ttl_ms: int) -> list[QueueLease]:
         """Extend every lease ``owner`` still holds by ``ttl_ms``; returns them (a lease taken over is absent).
 
@@ -224,6 +236,7 @@ class LeaseStore:
         """
         with self._db.writing("renew leases") as session:
             now = database_now_ms(session, self._db.dialect)
+            self._lock_owned(session, owner)
             session.execute(update(Queue).where(Queue.owner == owner).values(lease_expiry=now + ttl_ms))
             return self._owned_leases(session, owner)
 
@@ -284,7 +297,7 @@ class LeaseStore:
                     )
                 }
                 released = 0
-                for topic, queue_id in keys:
+                for topic, queue_id in sorted(keys):  # the order record_commits locks queue rows in
                     if topic not in topic_ids:
                         continue
                     result = session.execute(
@@ -294,4 +307,5 @@ class LeaseStore:
                     )
                     released += int(result.rowcount)  # type: ignore[attr-defined]
                 return released
+            self._lock_owned(session, owner)
             return int(session.execute(statement.values(owner=None, lease_expiry=None)).rowcount)  # type: ignore[attr-defined]

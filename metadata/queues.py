@@ -1,4 +1,5 @@
-"""Topics and queue positions: what the archiver records per commit, each change one short transaction.
+"""Topics and queue positions: what the archiver records per commit, each change one short transaction
+(``record_commits``: the commits of several queues in one).
 
 Queue positions use optimistic concurrency: every update names the version it read and fails with
 ConcurrentUpdateError when another writer got there first; a writer under a lease also names the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import overload
+from typing import NamedTuple, overload
 
 from sqlalchemy import BindParameter, Update, bindparam, delete, select, update
 from sqlalchemy.engine import Connection
@@ -28,6 +29,7 @@ from tieredstore.metadata.database import Database
 from tieredstore.metadata.models import DEFAULT_RESERVE_SECONDS, Queue, Topic, TopicStatus
 from tieredstore.metadata.records import (
     LIVE_SEGMENT_STATUSES,
+    CommitRecord,
     QueuePosition,
     SegmentRecord,
     SegmentUpdate,
@@ -87,6 +89,45 @@ def _queue_commit_statement(sets_min: bool, sets_max: bool, checks_epoch: bool) 
             Queue.lease_expiry,
         )
     )
+
+
+# What ``_apply_commit`` raises for one commit that is refused; anything else fails the whole transaction.
+_REFUSALS = (NotFoundError, ConcurrentUpdateError, LeaseLostError)
+
+
+class _PreparedCommit(NamedTuple):
+    """A commit's queue statement and parameters and its segments' changes, all checked before any write."""
+
+    statement: Update
+    parameters: dict[str, object]
+    segment_changes: list[tuple[tuple[str, ...], dict[str, object]]]
+
+
+def _prepare(commit: CommitRecord) -> _PreparedCommit:
+    """What ``record_commits`` executes for ``commit``; ValidationError for a value no row may take."""
+    min_offset, max_offset = commit.min_offset, commit.max_offset
+    check_offset("min offset", min_offset)
+    check_offset("max offset", max_offset)
+    if min_offset is not None and max_offset is not None and min_offset > max_offset:
+        raise ValidationError(f"min offset {min_offset} is above max offset {max_offset}")
+    parameters: dict[str, object] = {
+        "b_topic": commit.topic,
+        "b_queue_id": commit.queue_id,
+        "b_expected_version": commit.expected_version,
+        "b_version": commit.expected_version + 1,
+        "b_updated": now_ms(),
+    }
+    if min_offset is not None:
+        parameters["b_min_offset"] = min_offset
+    if max_offset is not None:
+        parameters["b_max_offset"] = max_offset
+    if commit.expected_epoch is not None:
+        parameters["b_expected_epoch"] = commit.expected_epoch
+    segment_changes = [segment_change(segment) for segment in commit.segments]
+    statement = _queue_commit_statement(
+        min_offset is not None, max_offset is not None, commit.expected_epoch is not None
+    )
+    return _PreparedCommit(statement, parameters, segment_changes)
 
 
 class TopicRows:
@@ -291,32 +332,70 @@ class QueueRows(TopicRows):
         at that epoch, by the row count of its ``UPDATE ... WHERE epoch = :expected``: LeaseLostError when
         another archiver has taken the queue over since, and nothing is recorded.
         """
-        check_offset("min offset", min_offset)
-        check_offset("max offset", max_offset)
-        if min_offset is not None and max_offset is not None and min_offset > max_offset:
-            raise ValidationError(f"min offset {min_offset} is above max offset {max_offset}")
-        values: dict[str, int] = {"b_version": expected_version + 1, "b_updated": now_ms()}
-        if min_offset is not None:
-            values["b_min_offset"] = min_offset
-        if max_offset is not None:
-            values["b_max_offset"] = max_offset
-        keys = {"b_topic": topic, "b_queue_id": queue_id, "b_expected_version": expected_version}
-        if expected_epoch is not None:
-            keys["b_expected_epoch"] = expected_epoch
-        segment_changes = [segment_change(segment) for segment in segments]
-        statement = _queue_commit_statement(min_offset is not None, max_offset is not None, expected_epoch is not None)
-        with self._db.write_connection("update a queue") as connection:
-            row = connection.execute(statement, {**keys, **values}).one_or_none()
-            if row is None:
-                raise self._missed_commit_error(connection, topic, queue_id, expected_version, expected_epoch)
-            for segment, change in zip(segments, segment_changes, strict=True):
-                columns, parameters = change
-                result = connection.execute(segment_change_statement(columns), parameters)
-                if result.rowcount != 1:
-                    raise NotFoundError(
-                        f"segment {segment.path}/{segment.file_type}@{segment.base_offset} is not in the metadata store"
-                    )
-            return QueuePosition(topic, queue_id, *row)
+        commit = CommitRecord(
+            topic, queue_id, expected_version, min_offset, max_offset, tuple(segments), expected_epoch
+        )
+        [result] = self.record_commits([commit])
+        if isinstance(result, TieredStoreError):
+            raise result
+        return result
+
+    def record_commits(self, commits: Sequence[CommitRecord]) -> list[QueuePosition | TieredStoreError]:
+        """Several queues' ``record_commit`` in one transaction: one write lock and one durable commit for all.
+
+        Each commit is checked as ``record_commit`` checks it and gets its own result, in order: the
+        queue's new position, or the error ``record_commit`` would raise for it alone (ValidationError,
+        NotFoundError, ConcurrentUpdateError, LeaseLostError), that commit then recorded not at all and
+        the others regardless. Each commit of a batch is a savepoint, so a segment missing after its queue
+        row was updated undoes that commit only. A failure of the database itself raises (MetadataError
+        and its kinds, as ``record_commit``) and records none of them.
+        """
+        results: list[QueuePosition | TieredStoreError | None] = [None] * len(commits)
+        writes: list[tuple[int, _PreparedCommit]] = []
+        for index, commit in enumerate(commits):
+            try:
+                writes.append((index, _prepare(commit)))
+            except TieredStoreError as exc:
+                results[index] = exc
+        # Queue rows locked in one order by every batch, so two batches (two archivers) cannot deadlock.
+        writes.sort(key=lambda write: (commits[write[0]].topic, commits[write[0]].queue_id))
+        if len(writes) == 1:
+            # Alone, the transaction is the commit's savepoint: a refusal rolls it back.
+            index, prepared = writes[0]
+            try:
+                with self._db.write_connection("update a queue") as connection:
+                    results[index] = self._apply_commit(connection, commits[index], prepared)
+            except _REFUSALS as exc:
+                results[index] = exc
+        elif writes:
+            with self._db.write_connection("update queues") as connection:
+                for index, prepared in writes:
+                    savepoint = connection.begin_nested()
+                    try:
+                        results[index] = self._apply_commit(connection, commits[index], prepared)
+                    except _REFUSALS as exc:
+                        savepoint.rollback()
+                        results[index] = exc
+                    else:
+                        savepoint.commit()
+        return [result for result in results if result is not None]  # every commit has its result by now
+
+    def _apply_commit(self, connection: Connection, commit: CommitRecord, prepared: _PreparedCommit) -> QueuePosition:
+        """One commit's statements; one of ``_REFUSALS`` when it is refused, the caller then rolling back
+        what it wrote."""
+        statement, parameters, segment_changes = prepared
+        row = connection.execute(statement, parameters).one_or_none()
+        if row is None:
+            raise self._missed_commit_error(
+                connection, commit.topic, commit.queue_id, commit.expected_version, commit.expected_epoch
+            )
+        for segment, (columns, segment_parameters) in zip(commit.segments, segment_changes, strict=True):
+            result = connection.execute(segment_change_statement(columns), segment_parameters)
+            if result.rowcount != 1:
+                raise NotFoundError(
+                    f"segment {segment.path}/{segment.file_type}@{segment.base_offset} is not in the metadata store"
+                )
+        return QueuePosition(commit.topic, commit.queue_id, *row)
 
     @staticmethod
     def _missed_commit_error(

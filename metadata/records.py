@@ -90,6 +90,19 @@ class SegmentUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitRecord:
+    """One queue's ``record_commit``, as an item of ``record_commits``: the same arguments, the same checks."""
+
+    topic: str
+    queue_id: int
+    expected_version: int
+    min_offset: int | None = None
+    max_offset: int | None = None
+    segments: tuple[SegmentUpdate, ...] = ()
+    expected_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class IndexFileRecord:
     name: str
     status: IndexFileStatus

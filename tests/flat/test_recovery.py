@@ -114,7 +114,7 @@ async def _archive_then_crash(backend: ProviderBackend, metadata_url: str, scena
         def die(*args: object, **kwargs: object) -> None:
             raise SimulatedCrash("killed before the metadata transaction")
 
-        metadata.record_commit = die  # type: ignore[method-assign]
+        metadata.record_commits = die  # type: ignore[method-assign]
     if scenario.lost_reply:
         await _commit_with_lost_reply(queue)
     elif scenario.commit_reports_success:

@@ -11,7 +11,8 @@ from tieredstore.errors import ReadOnlyError, ValidationError
 from tieredstore.flat.append_file import Clock
 from tieredstore.flat.commit_log import FlatCommitLogFile
 from tieredstore.flat.consume_queue import FlatConsumeQueueFile
-from tieredstore.metadata import LeaseHold, MetadataStore, QueuePosition
+from tieredstore.flat.position_commits import PositionCommits
+from tieredstore.metadata import CommitRecord, LeaseHold, MetadataStore, QueuePosition
 from tieredstore.providers.base import Provider
 
 
@@ -39,8 +40,10 @@ class QueueFiles:
         settings: FlatFileSettings | None = None,
         clock: Clock = now_ms,
         lease: LeaseHold | None = None,
+        commits: PositionCommits | None = None,
     ) -> None:
-        """``lease``: the queue's lease when an archiver beside others writes it (see ``lease``)."""
+        """``lease``: the queue's lease when an archiver beside others writes it (see ``lease``).
+        ``commits``: where positions are recorded, shared with the queues that commit beside this one."""
         settings = settings or FlatFileSettings()
         rolling_interval_ms = int(settings.commit_log_rolling_interval * 1000)
         self.topic = position.topic
@@ -69,6 +72,7 @@ class QueueFiles:
             lease=lease,
         )
         self._position = position
+        self._commits = commits or PositionCommits(metadata)
         # Serialises commits, expiry and recovery: two concurrent records would race on one version.
         self._commit_lock = asyncio.Lock()
 
@@ -133,15 +137,16 @@ class QueueFiles:
         archived = self.archived_offset
         if not updates and archived == self._position.max_offset and min_offset is None:
             return
-        self._position = await asyncio.to_thread(
-            self.metadata.record_commit,
-            self.topic,
-            self.queue_id,
-            expected_version=self._position.version,
-            max_offset=archived,
-            min_offset=min_offset,
-            segments=updates,
-            expected_epoch=None if self.lease is None else self.lease.epoch(),
+        self._position = await self._commits.record(
+            CommitRecord(
+                self.topic,
+                self.queue_id,
+                expected_version=self._position.version,
+                max_offset=archived,
+                min_offset=min_offset,
+                segments=tuple(updates),
+                expected_epoch=None if self.lease is None else self.lease.epoch(),
+            )
         )
         for update in updates:
             (self.commit_log if update.file_type == self.commit_log.file_type else self.consume_queue).mark_recorded(

@@ -22,6 +22,7 @@ from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import NotFoundError, TieredStoreError
 from tieredstore.flat.append_file import RECOVERABLE_STATUSES, Clock
 from tieredstore.flat.message_file import FlatFileSettings, FlatMessageFile, RecoveryResult, read_view_rows
+from tieredstore.flat.position_commits import PositionCommits
 from tieredstore.formats.naming import FileType, queue_path, validate_topic
 from tieredstore.metadata import LeaseHold, MetadataStore, QueuePosition, SegmentFileType, SegmentRecord
 from tieredstore.providers.base import Provider
@@ -62,6 +63,8 @@ class FlatFileStore:
         self._failed: dict[QueueKey, BaseException] = {}
         self._creating: dict[QueueKey, asyncio.Lock] = {}
         self._recoveries: dict[QueueKey, RecoveryResult] = {}
+        # One for every queue: positions of queues that commit together go to metadata in one transaction.
+        self.position_commits = PositionCommits(metadata)
 
     def queue_path(self, topic: str, queue_id: int) -> str:
         return queue_path(self.cluster, self.broker, topic, queue_id)
@@ -75,6 +78,7 @@ class FlatFileStore:
             settings=self.settings,
             clock=self.clock,
             lease=lease,
+            commits=self.position_commits,
         )
 
     # ---- lookup and creation ---------------------------------------------------------------------
