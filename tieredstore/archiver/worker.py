@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+def retry_backoff(failures: int, initial: float, maximum: float) -> float:
+    """Seconds before a queue's next attempt after ``failures`` failures in a row: doubling up to ``maximum``."""
+    # Jitter keeps many failing queues from retrying against recovering storage in lock step.
+    return float(min(maximum, initial * 2 ** (failures - 1))) * random.uniform(0.8, 1.2)
+
+
 @dataclass(frozen=True, slots=True)
 class _Batch:
     records: HotBatch | None
@@ -242,9 +248,7 @@ class QueueWorker:
         """Count a failure of this queue and schedule its retry; returns the backoff in seconds."""
         self.failures += 1
         settings = self.archiver.settings
-        backoff: float = min(settings.retry_max_backoff, settings.retry_initial_backoff * 2 ** (self.failures - 1))
-        # Jitter keeps many failing queues from retrying against recovering storage in lock step.
-        backoff *= random.uniform(0.8, 1.2)
+        backoff = retry_backoff(self.failures, settings.retry_initial_backoff, settings.retry_max_backoff)
         self.retry_at = time.monotonic() + backoff
         self.last_error = f"{type(error).__name__}: {error}"
         if phase == "hot read":
