@@ -20,6 +20,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 from tieredstore.basics import GIB, MIB
 from tieredstore.errors import CommitConflictError, SizeUnknownError, StorageError, ValidationError
 from tieredstore.formats.naming import FileType, segment_key
+from tieredstore.providers.codec import Codecs, Keyring
 
 DEFAULT_MAX_SIZE: dict[FileType, int | None] = {
     FileType.COMMIT_LOG: GIB,
@@ -351,6 +352,12 @@ class FileSegment(abc.ABC):
     async def read_ranges(self, ranges: Sequence[ByteRange]) -> list[bytes]:
         return [await self.read(r.start, r.length) for r in ranges]
 
+    async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
+        """Wrap an encrypted segment's data key under ``key_id`` (the keyring's active key by default)
+        without rewriting its data; returns the key id that wraps it now, None for a segment that is
+        not encrypted (the default: a provider that never frames)."""
+        return None
+
     async def real_size(self) -> int:
         """The provider's durable size: 0 for a missing file; SizeUnknownError when it cannot know."""
         return await self._real_size()
@@ -395,6 +402,17 @@ class Provider(abc.ABC):
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._codecs = Codecs()
+
+    @property
+    def codecs(self) -> Codecs:
+        """How new segments are framed (compression, encryption) and the keyring framed ones are read with;
+        by default nothing is framed and a segment framed earlier is read if it is not encrypted."""
+        return self._codecs
+
+    @codecs.setter
+    def codecs(self, codecs: Codecs) -> None:
+        self._codecs = codecs
 
     @abc.abstractmethod
     def segment(

@@ -30,22 +30,31 @@ import asyncio
 import contextlib
 import datetime as dt
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.errors import (
     CommitConflictError,
-    ConditionalWritesUnsupportedError,
+    IntegrityError,
     SegmentNotFoundError,
     SizeUnknownError,
     StorageError,
     StorageUnavailableError,
 )
-from tieredstore.formats.naming import FileType, parse_segment_name
-from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
-from tieredstore.providers.paths import check_logical_path
-from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
+from tieredstore.formats.naming import FileType
+from tieredstore.providers.base import FileSegment, SegmentId, StoredObject
+from tieredstore.providers.codec import (
+    DESCRIPTOR_NAME,
+    HEADER_SIZE,
+    MAX_FRAME,
+    Codecs,
+    Keyring,
+    SegmentFormat,
+    is_frame,
+    new_format,
+    parse_descriptor,
+    read_header,
+)
 
 CREATED_MARKER = ".created"
 # Where the conditional-create probe writes (under the store's root; no cluster folder starts with a dot).
@@ -53,6 +62,8 @@ PROBE_FOLDER = ".tieredstore-probe"
 # ASCII digits only, matched whole: "\d" takes any Unicode digit and "$" a trailing newline, and either
 # would let a foreign object alias a chunk.
 _CHUNK_NAME = re.compile(r"[0-9]{20}")
+# A length past any object's end: a frame is read whole, and its stored size is known only from a listing.
+WHOLE = 1 << 40
 
 
 def chunk_name(start: int) -> str:
@@ -86,10 +97,12 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """``size`` bytes of a segment stored as one object, starting at ``start``."""
+    """``size`` bytes of a segment stored as one object, starting at ``start``; a frame of a framed
+    segment stores them in ``stored`` bytes (None: unframed, the object holds the bytes as they are)."""
 
     start: int
     size: int
+    stored: int | None = None
 
     @property
     def end(self) -> int:
@@ -202,6 +215,10 @@ class ChunkedSegment(FileSegment):
 
     The chunks this handle has seen are remembered (they never change), so reads after the first
     one cost no listing; a listing happens only to learn the size or after a restart.
+
+    A folder holding a ``.codec`` object is framed (``providers.codec``): each chunk is one frame named
+    by its logical start, read whole and decoded, and positions stay logical. Whether a segment is
+    framed is learned from its listing, or from the first frame a read by name meets, and never changes.
     """
 
     def __init__(
@@ -210,6 +227,7 @@ class ChunkedSegment(FileSegment):
         segment_id: SegmentId,
         *,
         before_write: Callable[[], Awaitable[object]] | None = None,
+        codecs: Codecs | None = None,
         **kwargs: int | None,
     ) -> None:
         """``before_write`` runs before each commit writes anything (the provider's conditional-write check)."""
@@ -217,17 +235,76 @@ class ChunkedSegment(FileSegment):
         self._store = store
         self._before_write = before_write
         self._known_run: list[Chunk] | None = None
+        self._codecs = codecs if codecs is not None else Codecs()
+        # The framed format once known; _format_known False: not learned yet (nothing read or written).
+        self._format: SegmentFormat | None = None
+        self._format_known = False
+        self._decoded: tuple[int, bytes] | None = None  # the last frame decoded: windows straddle frames
 
     def _chunk_key(self, start: int) -> str:
         return f"{self.key}/{chunk_name(start)}"
+
+    @property
+    def framed_format(self) -> SegmentFormat | None:
+        """This segment's framed format, None while unframed or not known yet."""
+        return self._format
 
     async def _list_chunks(self) -> list[Chunk]:
         return chunks_in(await self._store.list_files(self.key))
 
     async def _load_run(self) -> list[Chunk]:
-        run = contiguous_run(await self._list_chunks())
+        objects = await self._store.list_files(self.key)
+        chunks = chunks_in(objects)
+        if any(info.name == DESCRIPTOR_NAME for info in objects):
+            await self._learn_format()
+            run = await self._framed_run(chunks)
+        else:
+            if chunks:
+                self._format, self._format_known = None, True
+            run = contiguous_run(chunks)
         self._known_run = run
         return run
+
+    async def _learn_format(self) -> SegmentFormat:
+        if self._format is None:
+            where = self.key
+            try:
+                descriptor = await self._store.get_range(f"{self.key}/{DESCRIPTOR_NAME}", 0, WHOLE)
+            except SegmentNotFoundError as error:
+                raise IntegrityError(f"{where}: a framed chunk but no {DESCRIPTOR_NAME} object") from error
+            self._format = parse_descriptor(descriptor, self._codecs.keyring, where)
+        self._format_known = True
+        return self._format
+
+    async def _framed_run(self, chunks: Sequence[Chunk]) -> list[Chunk]:
+        """The contiguous frames from 0: each ends where the next starts, the last where its header says."""
+        run: list[Chunk] = []
+        for index, chunk in enumerate(chunks):
+            if chunk.start != (run[-1].end if run else 0) or chunk.size < HEADER_SIZE:
+                break
+            if index + 1 < len(chunks):
+                size = chunks[index + 1].start - chunk.start
+            else:
+                header = await self._store.get_range(self._chunk_key(chunk.start), 0, HEADER_SIZE)
+                size = read_header(header, self.key)[0]
+            if size <= 0:
+                break
+            run.append(Chunk(chunk.start, size, chunk.size))
+        return run
+
+    async def _frame(self, chunk: Chunk) -> bytes:
+        """The logical bytes of one frame, fetched whole and decoded."""
+        decoded = self._decoded
+        if decoded is not None and decoded[0] == chunk.start:
+            return decoded[1]
+        blob = await self._store.get_range(self._chunk_key(chunk.start), 0, chunk.stored or WHOLE)
+        data = (await self._learn_format()).decode(blob, self.key, chunk.start)
+        if len(data) != chunk.size:
+            raise IntegrityError(
+                f"{self.key}: frame at {chunk.start} holds {len(data)} bytes where the next starts after {chunk.size}"
+            )
+        self._decoded = (chunk.start, data)
+        return data
 
     async def _real_size(self) -> int:
         try:
@@ -240,10 +317,12 @@ class ChunkedSegment(FileSegment):
         return await self._store.folder_exists(self.key)
 
     async def _create(self) -> None:
+        await self._writing_format(0)
         await self._store.put_if_absent(f"{self.key}/{CREATED_MARKER}", b"")
 
     async def _destroy(self) -> None:
         self._known_run = None
+        self._decoded = None
         objects = await self._store.list_files(self.key)
         chunks = chunks_in(objects)
         others = [info.name for info in objects if parse_chunk_name(info.name) is None]
@@ -251,6 +330,7 @@ class ChunkedSegment(FileSegment):
         ordered = [chunk.name for chunk in reversed(chunks)]
         ordered += sorted(others, key=lambda name: name == CREATED_MARKER)
         await self._store.delete([f"{self.key}/{name}" for name in ordered])
+        self._format, self._format_known = None, False
 
     async def _read(self, position: int, length: int) -> bytes:
         run = self._known_run
@@ -259,6 +339,9 @@ class ChunkedSegment(FileSegment):
             slices = slices_for(await self._load_run(), position, length)
         if not slices:
             raise SegmentNotFoundError(f"{self.key}: storage no longer holds bytes {position}..{position + length}")
+        if self._format is not None:
+            frames = await asyncio.gather(*(self._frame(s.chunk) for s in slices))
+            return b"".join(frame[s.offset : s.offset + s.length] for frame, s in zip(frames, slices, strict=True))
         parts = await asyncio.gather(
             *(self._store.get_range(self._chunk_key(s.chunk.start), s.offset, s.length) for s in slices)
         )
@@ -273,7 +356,7 @@ class ChunkedSegment(FileSegment):
         run = self._known_run
         if not run or run[-1].end <= position:
             with contextlib.suppress(SegmentNotFoundError):
-                data = await self._store.get_range(self._chunk_key(position), 0, length)
+                data = await self._read_by_name(position, length)
                 if data:
                     return data
             run = await self._load_run()
@@ -281,9 +364,25 @@ class ChunkedSegment(FileSegment):
         if not slices:
             raise SegmentNotFoundError(f"{self.key}: storage no longer holds byte {position}")
         holding = slices[0]
+        if self._format is not None:
+            frame = await self._frame(holding.chunk)
+            return frame[holding.offset : holding.offset + length]
         return await self._store.get_range(
             self._chunk_key(holding.chunk.start), holding.offset, min(length, holding.chunk.size - holding.offset)
         )
+
+    async def _read_by_name(self, position: int, length: int) -> bytes:
+        key = self._chunk_key(position)
+        if self._format is None:
+            data = await self._store.get_range(key, 0, length)
+            if self._format_known or not is_frame(data):
+                return data
+            await self._learn_format()
+        blob = await self._store.get_range(key, 0, WHOLE)
+        frame = (await self._learn_format()).decode(blob, self.key, position)
+        self._decoded = (position, frame)
+        self._remember(Chunk(position, len(frame), len(blob)))
+        return frame[:length]
 
     def _remember(self, chunk: Chunk) -> None:
         if chunk.start == 0:
@@ -291,14 +390,37 @@ class ChunkedSegment(FileSegment):
         elif self._known_run and self._known_run[-1].end == chunk.start:
             self._known_run.append(chunk)
 
+    async def _writing_format(self, position: int) -> SegmentFormat | None:
+        """The format a commit at ``position`` writes in: the segment's own once known, else the codec
+        policy's for a new segment (its ``.codec`` written first; one already there wins)."""
+        if self._format_known:
+            return self._format
+        if position > 0:
+            await self._load_run()
+            if self._format_known:
+                return self._format
+        codec = self._codecs.for_segment(self.segment_id)
+        if codec is None:
+            return None
+        chosen = new_format(codec, self._codecs.keyring)
+        if not await self._store.put_if_absent(f"{self.key}/{DESCRIPTOR_NAME}", chosen.descriptor()):
+            self._format = None
+            return await self._learn_format()  # another attempt's descriptor: its data key holds
+        self._format, self._format_known = chosen, True
+        return chosen
+
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         if self._before_write is not None:
             await self._before_write()
+        framed = await self._writing_format(position)
+        if framed is not None:
+            await self._commit_frames(framed, position, data)
+            return
         while data:
             key = self._chunk_key(position)
             if await self._store.put_if_absent(key, data, file_type=self.file_type):
                 if not self._store.conditional_create:
-                    await self._check_written(key, position, data)
+                    await self._check_written(key, position, data, data)
                 self._remember(Chunk(position, len(data)))
                 return
             # One byte more than ours tells a longer chunk apart from an equal one.
@@ -314,11 +436,40 @@ class ChunkedSegment(FileSegment):
             position += len(existing)
             data = data[len(existing) :]
 
-    async def _check_written(self, key: str, position: int, data: bytes | bytearray) -> None:
+    async def _commit_frames(self, framed: SegmentFormat, position: int, data: bytes | bytearray) -> None:
+        """Write ``data`` as frames of at most MAX_FRAME bytes; a frame already there must hold our bytes
+        (a retry whose reply was lost) or a head of them, as with unframed chunks."""
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            start = position + done
+            piece = view[done : done + MAX_FRAME]
+            frame = framed.encode(piece, self.key, start)
+            key = self._chunk_key(start)
+            if await self._store.put_if_absent(key, frame, file_type=self.file_type):
+                if not self._store.conditional_create:
+                    await self._check_written(key, start, frame, piece)
+                self._remember(Chunk(start, len(piece), len(frame)))
+                done += len(piece)
+                continue
+            blob = await self._store.get_range(key, 0, WHOLE)
+            try:
+                existing = framed.decode(blob, self.key, start)
+            except IntegrityError as error:
+                raise CommitConflictError(f"{self.key}: chunk at position {start} holds other bytes") from error
+            if not existing or len(existing) > len(piece) or piece[: len(existing)] != existing:
+                raise CommitConflictError(
+                    f"{self.key}: chunk at position {start} already holds other bytes; nothing was overwritten"
+                )
+            self._remember(Chunk(start, len(existing), len(blob)))
+            done += len(existing)
+
+    async def _check_written(self, key: str, position: int, stored: bytes | bytearray, data: object) -> None:
         """Read a chunk back after writing it where storage does not refuse a second create: bytes other
         than ours mean another writer replaced it, a conflict as a refused create would have been."""
-        stored = await self._store.get_range(key, 0, len(data) + 1)
-        if stored != data:
+        del data
+        readback = await self._store.get_range(key, 0, len(stored) + 1)
+        if readback != stored:
             raise CommitConflictError(
                 f"{self.key}: chunk at position {position} holds other bytes after our write: another writer "
                 "replaced it (this storage does not refuse to overwrite)"
@@ -326,110 +477,42 @@ class ChunkedSegment(FileSegment):
 
     async def _truncate(self, size: int) -> None:
         self._known_run = None
-        chunks = await self._list_chunks()
+        self._decoded = None
+        objects = await self._store.list_files(self.key)
+        chunks = chunks_in(objects)
+        framed = any(info.name == DESCRIPTOR_NAME for info in objects)
         doomed = [chunk for chunk in reversed(chunks) if chunk.start >= size]
         # Highest first, so a truncation cut short leaves a contiguous run, never a gap.
         await self._store.delete([self._chunk_key(chunk.start) for chunk in doomed])
+        if framed:
+            run = await self._framed_run([chunk for chunk in chunks if chunk.start < size])
+            for chunk in (c for c in run if c.start < size < c.end):
+                head = (await self._frame(chunk))[: size - chunk.start]
+                self._decoded = None
+                frame = (await self._learn_format()).encode(head, self.key, chunk.start)
+                await self._store.put(self._chunk_key(chunk.start), frame, file_type=self.file_type)
+            return
         run = contiguous_run(chunks)
         straddling = [chunk for chunk in run if chunk.start < size < chunk.end]
         for chunk in straddling:
             head = await self._store.get_range(self._chunk_key(chunk.start), 0, size - chunk.start)
             await self._store.put(self._chunk_key(chunk.start), head, file_type=self.file_type)
 
-
-async def probe_conditional_create(store: ObjectStore, where: str) -> None:
-    """Create one new key under PROBE_FOLDER twice, then delete it; ConditionalWritesUnsupportedError
-    unless storage created it the first time and refused the second."""
-    name = uuid.uuid4().hex
-    key, ours = f"{PROBE_FOLDER}/{name}", f"first create {name}".encode()
-    try:
-        first = await store.put_if_absent(key, ours)
-        if not first:
-            # A create retried after its reply was lost finds itself there: nobody else writes this key.
-            first = await store.get_range(key, 0, len(ours) + 1) == ours
-        second = await store.put_if_absent(key, b"second create")
-    except BaseException:
-        with contextlib.suppress(StorageError):
-            await store.delete([key])
-        raise
-    await store.delete([key])
-    if first and not second:
-        return
-    happened = (
-        "a second conditional create (If-None-Match: *) of one key replaced it instead of being refused"
-        if first
-        else "a conditional create (If-None-Match: *) of a new key was refused as if it existed"
-    )
-    raise ConditionalWritesUnsupportedError(
-        f"{where}: {happened} (probe under {PROBE_FOLDER}/), so a retried or zombie write could overwrite "
-        f"archived bytes; refusing to archive there. Set {UNSUPPORTED_SETTING} to archive with one archiver "
-        "only (no leases), each chunk read back after it is written"
-    )
-
-
-class ChunkedProvider(Provider):
-    """A provider whose segments are ChunkedSegments in one ObjectStore."""
-
-    _conditional_create_checked = False
-    # Set by the first check: until one passes, each commit checks first (storage was unreachable).
-    _check_before_writes = False
-    _check_lock: asyncio.Lock | None = None
-
-    @property
-    @abc.abstractmethod
-    def store(self) -> ObjectStore:
-        """The object store under this provider's root."""
-
-    def segment(
-        self,
-        file_type: FileType,
-        path: str,
-        base_offset: int,
-        *,
-        commit_position: int = 0,
-        max_size: int | None = None,
-    ) -> ChunkedSegment:
-        return ChunkedSegment(
-            self.store,
-            SegmentId(file_type, check_logical_path(path), base_offset),
-            before_write=self._before_write,
-            commit_position=commit_position,
-            max_size=max_size,
-        )
-
-    async def list_segments(self, path: str, file_type: FileType) -> list[int]:
-        check_logical_path(path)
-        offsets = []
-        for name in await self.store.list_folders(f"{path}/{file_type.value}"):
-            with contextlib.suppress(ValueError):
-                offsets.append(parse_segment_name(name))
-        return sorted(offsets)
-
-    async def list_children(self, path: str) -> list[str]:
-        check_logical_path(path, allow_root=True)
-        return sorted(await self.store.list_folders(path))
-
-    async def list_objects(self, path: str) -> list[StoredObject]:
-        check_logical_path(path, allow_root=True)
-        # A segment is a folder of chunks here: nothing is stored at a segment's own key.
-        return sorted(await self.store.list_tree(path), key=lambda stored: stored.key)
-
-    async def check_conditional_writes(self) -> bool:
-        if not self.store.conditional_create or self._conditional_create_checked:
-            return False
-        self._check_before_writes = True
-        if self._check_lock is None:
-            self._check_lock = asyncio.Lock()
-        async with self._check_lock:  # queues committing at once wait for one probe
-            if self._conditional_create_checked:
-                return False
-            await probe_conditional_create(self.store, self.url)
-            self._conditional_create_checked = True
-        return True
-
-    async def _before_write(self) -> None:
-        if self._check_before_writes and not self._conditional_create_checked:
-            await self.check_conditional_writes()
-
-    async def close(self) -> None:
-        await self.store.close()
+    async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
+        """Wrap this segment's data key under ``key_id`` (the active key by default), replacing only its
+        ``.codec`` object; returns the key id it is wrapped under now, None for an unencrypted segment."""
+        descriptor_key = f"{self.key}/{DESCRIPTOR_NAME}"
+        try:
+            descriptor = await self._store.get_range(descriptor_key, 0, WHOLE)
+        except SegmentNotFoundError:
+            return None
+        current = parse_descriptor(descriptor, keyring, self.key)
+        if current.wrapped_key is None:
+            return None
+        target = key_id or keyring.active
+        if current.wrapped_key.key_id == target:
+            return target
+        rewrapped = current.rewrapped(keyring, target)
+        await self._store.put(descriptor_key, rewrapped.descriptor())
+        self._format = rewrapped
+        return rewrapped.wrapped_key.key_id if rewrapped.wrapped_key else None

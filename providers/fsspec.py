@@ -52,7 +52,8 @@ from tieredstore.errors import (
 )
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
-from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
+from tieredstore.providers.chunked_provider import ChunkedProvider
+from tieredstore.providers.chunks import ObjectInfo, ObjectStore, epoch_ms
 
 T = TypeVar("T")
 

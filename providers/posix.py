@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import os
 import stat
@@ -29,95 +28,70 @@ from tieredstore.errors import (
     CommitConflictError,
     ConfigError,
     PathEscapeError,
-    SegmentNotFoundError,
-    StorageAccessError,
-    StorageError,
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, parse_segment_name
 from tieredstore.providers.base import FileSegment, Provider, SegmentId, StoredObject
+from tieredstore.providers.chunks import ChunkedSegment
+from tieredstore.providers.codec import Keyring
+from tieredstore.providers.local_objects import LocalObjectStore
 from tieredstore.providers.paths import check_logical_path
+from tieredstore.providers.posix_files import (
+    fsync_directory,
+    make_directories,
+    pread_exactly,
+    pwrite_all,
+    translate_os_errors,
+)
 
 T = TypeVar("T")
 
-_ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-
-
-@contextlib.contextmanager
-def _translate_os_errors(what: str) -> Iterator[None]:
-    """Turn an OSError from the file system into the typed tree, cause chained; ours pass through."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except FileNotFoundError as error:
-        raise SegmentNotFoundError(f"{what}: no such file") from error
-    except OSError as error:
-        reason = os.strerror(error.errno) if error.errno is not None else str(error)
-        if error.errno in _ACCESS_ERRNOS:
-            raise StorageAccessError(f"{what}: {reason}") from error
-        # ENOSPC, EDQUOT, EIO and the rest may clear up; the caller keeps its buffer and retries.
-        raise StorageUnavailableError(f"{what}: {reason}") from error
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _make_directories(directory: str) -> None:
-    """``mkdir -p`` that fsyncs each parent in which it created an entry, so the path survives a crash."""
-    missing: list[str] = []
-    current = directory
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path)
-        _fsync_directory(os.path.dirname(path))
-
-
-def _pread_exactly(fd: int, length: int, position: int) -> bytes:
-    parts: list[bytes] = []
-    remaining = length
-    while remaining > 0:
-        chunk = os.pread(fd, remaining, position + length - remaining)
-        if not chunk:
-            break
-        parts.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(parts)
-
-
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
-    view = memoryview(data)
-    written = 0
-    while written < len(view):
-        written += os.pwrite(fd, view[written:], position + written)
-
 
 class PosixSegment(FileSegment):
-    """A segment stored as one regular file ``<root>/<path>/<TYPE>/<name>``."""
+    """A segment stored as one regular file ``<root>/<path>/<TYPE>/<name>``, or, framed
+    (``providers.codec``), as a folder of that name holding chunk files (``providers.local_objects``).
+
+    Which one is learned from the file system once per handle; a new segment is framed when the
+    provider's codec policy says so.
+    """
 
     def __init__(self, provider: PosixProvider, segment_id: SegmentId, **kwargs: int | None) -> None:
         super().__init__(segment_id, **kwargs)  # type: ignore[arg-type]
         self._provider = provider
+        self._chunked: ChunkedSegment | None = None
+        self._plain = False  # a plain file was found: the segment is not framed
+
+    async def _framed(self, *, writing_at: int | None = None) -> ChunkedSegment | None:
+        """The folder of chunks this segment is, or None for a plain file (or nothing, when not writing
+        a new segment that the codec policy frames)."""
+        if self._chunked is not None or self._plain:
+            return self._chunked
+        kind = await self._run("stat", _file_kind)
+        if kind == "file":
+            self._plain = True
+            return None
+        if kind is None and (writing_at != 0 or self._provider.codecs.for_segment(self.segment_id) is None):
+            return None
+        self._chunked = ChunkedSegment(
+            self._provider.objects,
+            self.segment_id,
+            codecs=self._provider.codecs,
+            commit_position=self.commit_position,
+            max_size=self.max_size,
+        )
+        return self._chunked
 
     async def _run(self, action: str, function: Callable[[str], T]) -> T:
         def call() -> T:
-            with _translate_os_errors(f"{action} {self.key}"):
+            with translate_os_errors(f"{action} {self.key}"):
                 return function(self._provider.resolve(self.key))
 
         return await asyncio.to_thread(call)
 
     async def _real_size(self) -> int:
+        if (chunked := await self._framed()) is not None:
+            return await chunked._real_size()
+
         def size(file: str) -> int:
             try:
                 return os.stat(file).st_size
@@ -127,13 +101,17 @@ class PosixSegment(FileSegment):
         return await self._run("size of", size)
 
     async def _exists(self) -> bool:
-        return await self._run("exists", os.path.isfile)
+        return await self._run("exists", os.path.exists)
 
     async def _create(self) -> None:
+        if (chunked := await self._framed(writing_at=0)) is not None:
+            await chunked._create()
+            return
+
         def create(file: str) -> None:
             if os.path.isfile(file):
                 return
-            _make_directories(os.path.dirname(file))
+            make_directories(os.path.dirname(file))
             # O_EXCL makes creation atomic and never clobbers a file another writer made first;
             # an empty file has no partial content a temp-and-rename would protect against.
             try:
@@ -144,31 +122,52 @@ class PosixSegment(FileSegment):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync_directory(os.path.dirname(file))
+            fsync_directory(os.path.dirname(file))
 
         await self._run("create", create)
 
     async def _destroy(self) -> None:
+        if (chunked := await self._framed()) is not None:
+            await chunked._destroy()
+            await self._provider.objects.remove_folder(self.key)
+            self._chunked = None
+            return
+
         def destroy(file: str) -> None:
             try:
                 os.unlink(file)
             except FileNotFoundError:
                 return
-            _fsync_directory(os.path.dirname(file))
+            fsync_directory(os.path.dirname(file))
 
         await self._run("destroy", destroy)
 
     async def _read(self, position: int, length: int) -> bytes:
+        if (chunked := await self._framed()) is not None:
+            return await chunked._read(position, length)
+
         def read(file: str) -> bytes:
             fd = os.open(file, os.O_RDONLY)
             try:
-                return _pread_exactly(fd, length, position)
+                return pread_exactly(fd, length, position)
             finally:
                 os.close(fd)
 
         return await self._run("read", read)
 
+    async def _read_from(self, position: int, length: int) -> bytes:
+        if (chunked := await self._framed()) is not None:
+            return await chunked._read_from(position, length)
+        return await self._read(position, length)
+
+    async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
+        chunked = await self._framed()
+        return await chunked.rewrap(keyring, key_id) if chunked is not None else None
+
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
+        if (chunked := await self._framed(writing_at=position)) is not None:
+            await chunked._commit(position, data)
+            return
         number = self._provider.ask_to_write(self.key)
 
         def commit(file: str) -> None:
@@ -179,7 +178,7 @@ class PosixSegment(FileSegment):
         def write(file: str) -> None:
             created = not os.path.exists(file)
             if created:
-                _make_directories(os.path.dirname(file))
+                make_directories(os.path.dirname(file))
             fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 # One writer at a time across processes, so compare-then-write is not racy.
@@ -189,22 +188,25 @@ class PosixSegment(FileSegment):
                     raise CommitConflictError(
                         f"{self.key}: holds {size} bytes, fewer than the commit position {position}"
                     )
-                overlap = _pread_exactly(fd, min(len(data), size - position), position)
+                overlap = pread_exactly(fd, min(len(data), size - position), position)
                 if overlap != data[: len(overlap)]:
                     raise CommitConflictError(f"{self.key}: other bytes are already committed at position {position}")
                 if len(overlap) < len(data):
                     # A view, not a slice: slicing would copy the whole commit (4 MiB) with the GIL held.
                     with memoryview(data) as rest:
-                        _pwrite_all(fd, rest[len(overlap) :], position + len(overlap))
+                        pwrite_all(fd, rest[len(overlap) :], position + len(overlap))
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
-                _fsync_directory(os.path.dirname(file))
+                fsync_directory(os.path.dirname(file))
 
         await self._run("commit to", commit)
 
     async def _truncate(self, size: int) -> None:
+        if (chunked := await self._framed()) is not None:
+            await chunked._truncate(size)
+            return
         number = self._provider.ask_to_write(self.key)
 
         def truncate(file: str) -> None:
@@ -227,6 +229,14 @@ class PosixSegment(FileSegment):
                 os.close(fd)
 
         await self._run("truncate", truncate)
+
+
+def _file_kind(file: str) -> str | None:
+    try:
+        mode = os.stat(file).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return "folder" if stat.S_ISDIR(mode) else "file"
 
 
 def root_from_url(url: str) -> str:
@@ -260,6 +270,7 @@ class PosixProvider(Provider):
         self._writes_asked: Counter[str] = Counter()
         self._writes_running: Counter[str] = Counter()
         self._writes_lock = threading.Lock()
+        self.objects = LocalObjectStore(self.resolve)
 
     def ask_to_write(self, key: str) -> int:
         """Number a new write to ``key``; StorageUnavailableError while an earlier one's thread still runs, so
@@ -319,12 +330,13 @@ class PosixProvider(Provider):
             folder = self.resolve(path) if path else self.root
             try:
                 with os.scandir(folder) as entries:
-                    return [entry.name for entry in entries if (entry.is_dir() if directories else entry.is_file())]
+                    # A segment is a file, or a folder when framed: both are listed as segments.
+                    return [entry.name for entry in entries if entry.is_dir() or (not directories and entry.is_file())]
             except (FileNotFoundError, NotADirectoryError):
                 return []
 
         def guarded() -> list[str]:
-            with _translate_os_errors(f"list {path!r}"):
+            with translate_os_errors(f"list {path!r}"):
                 return scan()
 
         return await asyncio.to_thread(guarded)
@@ -362,7 +374,7 @@ class PosixProvider(Provider):
             return sorted(found, key=lambda stored: stored.key)
 
         def guarded() -> list[StoredObject]:
-            with _translate_os_errors(f"list {path!r}"):
+            with translate_os_errors(f"list {path!r}"):
                 return walk()
 
         return await asyncio.to_thread(guarded)

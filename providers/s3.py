@@ -68,7 +68,8 @@ from tieredstore.errors import (
 )
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
-from tieredstore.providers.chunks import ChunkedProvider, ObjectInfo, ObjectStore, epoch_ms
+from tieredstore.providers.chunked_provider import ChunkedProvider
+from tieredstore.providers.chunks import ObjectInfo, ObjectStore, epoch_ms
 from tieredstore.providers.s3_direct import capture_sent_url
 from tieredstore.providers.s3_options import S3Options, ask_for_receive_buffer, parse_s3_url
 from tieredstore.providers.s3_transport import (

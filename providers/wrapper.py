@@ -13,6 +13,7 @@ from typing import ClassVar
 from tieredstore.errors import StorageError
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.codec import Codecs, Keyring
 
 
 class WrappedSegment(FileSegment):
@@ -51,6 +52,9 @@ class WrappedSegment(FileSegment):
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         await self.inner._commit(position, data)
 
+    async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
+        return await self.inner.rewrap(keyring, key_id)
+
 
 class WrappedProvider(Provider):
     """A provider over ``inner`` whose segments ``wrap`` turns into wrapped ones."""
@@ -60,6 +64,14 @@ class WrappedProvider(Provider):
     def __init__(self, inner: Provider) -> None:
         super().__init__(inner.url)
         self.inner = inner
+
+    @property
+    def codecs(self) -> Codecs:
+        return self.inner.codecs
+
+    @codecs.setter
+    def codecs(self, codecs: Codecs) -> None:
+        self.inner.codecs = codecs
 
     def wrap(self, segment: FileSegment) -> FileSegment:
         """The segment this provider hands out for one of the inner provider's."""

@@ -13,6 +13,8 @@
     ├── NotFoundError (LookupError)              a topic, queue, segment or message that does not exist
     ├── IntegrityError                           bytes that do not decode: bad magic, length or CRC
     │   ├── CorruptRecordError                   names where the bad record is
+    │   ├── DecryptionError                      a cold frame that fails authentication: wrong key or changed bytes
+    │   ├── MissingKeyError                      the keyring lacks the key that wraps a segment's data key
     │   └── IntegrityFailure [cli.app]           a command's checks found problems it already printed
     ├── StorageError (OSError)                   the cold tier failed
     │   ├── StorageUnavailableError              unreachable / outage; retryable
@@ -111,6 +113,14 @@ class CorruptRecordError(IntegrityError):
         if offset is not None:
             where += f" at offset {offset}"
         super().__init__(f"{message}{where}")
+
+
+class DecryptionError(IntegrityError):
+    """A frame of cold storage that does not authenticate or decode: a wrong key or changed bytes."""
+
+
+class MissingKeyError(IntegrityError):
+    """The keyring holds no key-encryption key of the id that wraps a segment's data key."""
 
 
 class StorageError(TieredStoreError, OSError):
