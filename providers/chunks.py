@@ -298,7 +298,7 @@ class ChunkedSegment(FileSegment):
         if decoded is not None and decoded[0] == chunk.start:
             return decoded[1]
         blob = await self._store.get_range(self._chunk_key(chunk.start), 0, chunk.stored or WHOLE)
-        data = (await self._learn_format()).decode(blob, self.key, chunk.start)
+        data = await (await self._learn_format()).decode_async(blob, self.key, chunk.start)
         if len(data) != chunk.size:
             raise IntegrityError(
                 f"{self.key}: frame at {chunk.start} holds {len(data)} bytes where the next starts after {chunk.size}"
@@ -379,7 +379,7 @@ class ChunkedSegment(FileSegment):
                 return data
             await self._learn_format()
         blob = await self._store.get_range(key, 0, WHOLE)
-        frame = (await self._learn_format()).decode(blob, self.key, position)
+        frame = await (await self._learn_format()).decode_async(blob, self.key, position)
         self._decoded = (position, frame)
         self._remember(Chunk(position, len(frame), len(blob)))
         return frame[:length]
@@ -444,7 +444,7 @@ class ChunkedSegment(FileSegment):
         while done < len(view):
             start = position + done
             piece = view[done : done + MAX_FRAME]
-            frame = framed.encode(piece, self.key, start)
+            frame = await framed.encode_async(piece, self.key, start)
             key = self._chunk_key(start)
             if await self._store.put_if_absent(key, frame, file_type=self.file_type):
                 if not self._store.conditional_create:
@@ -454,7 +454,7 @@ class ChunkedSegment(FileSegment):
                 continue
             blob = await self._store.get_range(key, 0, WHOLE)
             try:
-                existing = framed.decode(blob, self.key, start)
+                existing = await framed.decode_async(blob, self.key, start)
             except IntegrityError as error:
                 raise CommitConflictError(f"{self.key}: chunk at position {start} holds other bytes") from error
             if not existing or len(existing) > len(piece) or piece[: len(existing)] != existing:
@@ -489,7 +489,7 @@ class ChunkedSegment(FileSegment):
             for chunk in (c for c in run if c.start < size < c.end):
                 head = (await self._frame(chunk))[: size - chunk.start]
                 self._decoded = None
-                frame = (await self._learn_format()).encode(head, self.key, chunk.start)
+                frame = await (await self._learn_format()).encode_async(head, self.key, chunk.start)
                 await self._store.put(self._chunk_key(chunk.start), frame, file_type=self.file_type)
             return
         run = contiguous_run(chunks)

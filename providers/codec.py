@@ -21,6 +21,7 @@ this one small object and leaves the data as it is.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import enum
 import json
@@ -43,6 +44,9 @@ TAG_BYTES = 16
 # A frame holds at most this many logical bytes: the default group commit is one frame, and a read never
 # has to fetch and decode more than this to serve a few bytes.
 MAX_FRAME = 4 * 1024 * 1024
+
+# Frames at least this large are encoded and decoded in a worker thread; smaller ones cost less than the hand-off.
+OFFLOAD_BYTES = 64 * 1024
 
 _ZSTD = 1
 _AES_GCM = 2
@@ -82,6 +86,17 @@ def _keywrap() -> Any:
             "encrypted segments need the cryptography package: pip install 'tieredstore[encryption]'"
         ) from error
     return keywrap
+
+
+def check_zstandard() -> None:
+    """MissingExtraError now, rather than at the first commit, when zstd frames cannot be written."""
+    _zstandard()
+
+
+def check_cryptography() -> None:
+    """MissingExtraError now, rather than at the first read, when frames cannot be sealed or opened."""
+    _aead()
+    _keywrap()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +206,19 @@ class SegmentFormat:
             aad = _associated_data(header, where, start)
             payload = _aead().AESGCM(self.data_key).encrypt(nonce, bytes(payload), aad)
         return header + payload
+
+    async def encode_async(self, data: bytes | bytearray | memoryview, where: str, start: int) -> bytes:
+        """``encode`` in a worker thread for a large frame: zstd and AES-GCM run there without the GIL,
+        and the event loop keeps serving other queues meanwhile."""
+        if len(data) < OFFLOAD_BYTES:
+            return self.encode(data, where, start)
+        return await asyncio.to_thread(self.encode, data, where, start)
+
+    async def decode_async(self, frame: bytes, where: str, start: int) -> bytes:
+        """``decode`` in a worker thread for a large frame (see ``encode_async``)."""
+        if len(frame) < OFFLOAD_BYTES:
+            return self.decode(frame, where, start)
+        return await asyncio.to_thread(self.decode, frame, where, start)
 
     def decode(self, frame: bytes, where: str, start: int) -> bytes:
         """The logical bytes of one stored frame; IntegrityError or DecryptionError, never wrong bytes."""

@@ -26,6 +26,7 @@ from pydantic_settings import (
 
 from tieredstore.basics import GIB, MIB
 from tieredstore.errors import ConfigError
+from tieredstore.providers.codec import Compression
 from tieredstore.providers.s3_choices import STANDARD, ConditionalWrites, check_storage_class
 from tieredstore.topic_filter import check_topic_pattern
 
@@ -333,6 +334,50 @@ class ReadSettings(_Section):
     )
 
 
+class ColdSettings(_Section):
+    """How segments are stored in cold storage: compressed per commit (zstd frames), per topic."""
+
+    section: ClassVar[str] = "cold"
+
+    compression: Compression = Field(
+        default=Compression.NONE,
+        description="how new segments are compressed: zstd (pip install 'tieredstore[compression]') or none; "
+        "segments written before keep theirs and stay readable",
+    )
+    compression_level: int = Field(
+        default=3, ge=1, le=22, description="zstd level of new segments (1 fast .. 22 small)"
+    )
+    topic_compression: dict[str, Compression] = Field(
+        default_factory=dict,
+        description='per-topic compression that overrides compression, e.g. {Orders = "zstd", Raw = "none"}',
+    )
+
+
+class EncryptionSettings(_Section):
+    """Envelope encryption of cold segments: a data key per segment, wrapped by a key from the keyring."""
+
+    section: ClassVar[str] = "encryption"
+
+    keyring_file: Path | None = Field(
+        default=None,
+        description="a TOML file whose [keys] table maps key ids to base64 AES-256 keys (key-encryption keys)",
+    )
+    keyring_env: str | None = Field(
+        default=None,
+        description="the name of an environment variable holding more keys as id=base64 pairs, comma separated",
+    )
+    active_key: str | None = Field(
+        default=None,
+        description="the key id that wraps new segments' data keys; set, every new segment is encrypted "
+        "(pip install 'tieredstore[encryption]')",
+    )
+
+    @pydantic.field_validator("keyring_file")
+    @classmethod
+    def _expand_home(cls, value: Path | None) -> Path | None:
+        return None if value is None else _home_expanded(value)
+
+
 class IndexSettings(_Section):
     """The key index the archiver writes: RocketMQ IndexFiles (items as maxIndexNum, slots as maxHashSlotNum)."""
 
@@ -392,6 +437,8 @@ class TieredStoreConfig(BaseSettings):
     archiver: ArchiverSettings = ArchiverSettings()
     read: ReadSettings = ReadSettings()
     index: IndexSettings = IndexSettings()
+    cold: ColdSettings = ColdSettings()
+    encryption: EncryptionSettings = EncryptionSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -24,6 +24,7 @@ from tieredstore.index import IndexService
 from tieredstore.index.catalogue import MetadataIndexCatalogue
 from tieredstore.index.namespaces import KeyIndex, NamespaceClaim, claim_namespace
 from tieredstore.index.service import namespace_path
+from tieredstore.keys import cold_codecs
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.hot_reader import HotReader
@@ -73,7 +74,11 @@ def provider_options(config: TieredStoreConfig) -> dict[str, Any]:
 
 
 def open_cold_provider(config: TieredStoreConfig) -> Provider:
-    return open_provider(config.effective_cold_url, **provider_options(config))
+    """The cold tier's provider, framing new segments as ``[cold]`` and ``[encryption]`` say and reading
+    framed ones with the configured keyring."""
+    provider = open_provider(config.effective_cold_url, **provider_options(config))
+    provider.codecs = cold_codecs(config)
+    return provider
 
 
 def archiving_provider(provider: Provider, settings: ArchiverSettings, metrics: Metrics) -> Provider:

@@ -73,6 +73,12 @@ def queue_path(cluster: str, broker: str, topic: str, queue_id: int) -> str:
     return f"{cluster_folder(cluster)}/{broker}/{topic}/{queue_id}"
 
 
+def topic_of_path(path: str) -> str | None:
+    """The topic of a queue's logical path (``queue_path``'s third part), None for a shorter path."""
+    parts = path.split("/")
+    return parts[2] if len(parts) >= 4 else None
+
+
 def index_path(cluster: str, broker: str) -> str:
     """Where the key index lives: ``<hash>_<cluster>/<broker>/rmq_sys_INDEX/0``."""
     return queue_path(cluster, broker, INDEX_TOPIC, 0)
