@@ -294,8 +294,8 @@ async def open_provider(request: pytest.FixtureRequest, tmp_path: Path) -> Async
 
 
 def objects(provider: Provider) -> ObjectStore:
-    inner = provider.inner if isinstance(provider, FaultyProvider) else provider
-    return inner.store if isinstance(inner, ChunkedProvider) else inner.objects  # type: ignore[attr-defined]
+    """Where the provider keeps a framed segment's objects (POSIX: files in the segment's folder)."""
+    return provider.store if isinstance(provider, ChunkedProvider) else provider.objects  # type: ignore[attr-defined]
 
 
 async def stored_frames(provider: Provider, key: str) -> dict[str, bytes]:
@@ -326,13 +326,12 @@ async def test_a_retried_commit_whose_first_attempt_landed_is_not_written_twice(
     open_provider: OpenProvider, outage: bool
 ) -> None:
     provider = open_provider(ENCRYPTING)
-    faulty = FaultyProvider(provider, FaultPlan(fail_after_landing=1, size_unknown=outage))
-    segment = faulty.segment(COMMIT_LOG, QUEUE, 0)
+    plan = FaultPlan(fail_after_landing=1, size_unknown=outage)
+    segment = FaultyProvider(provider, plan).segment(COMMIT_LOG, QUEUE, 0)
     first, second = payload(500, 1), payload(300, 2)
-    segment.append(first)
     with pytest.raises(StorageUnavailableError):
-        await segment.commit()
-    faulty.plan.size_unknown = False
+        await committed(segment, first)
+    plan.size_unknown = False
     # Known size: counted as committed at once. Unknown: still buffered, and the retry (a new nonce, so
     # other stored bytes) finds the landed frame holding the same logical bytes and writes only the rest.
     assert segment.commit_position == (0 if outage else 500)
