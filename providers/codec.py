@@ -241,6 +241,10 @@ class SegmentFormat:
         if flags & _ZSTD:
             zstandard = _zstandard()
             try:
+                # Every frame records its content size; one without it would be decompressed into a
+                # buffer of whatever size the header claims.
+                if zstandard.frame_content_size(payload) != length:
+                    raise IntegrityError(f"{where}: frame at {start} does not record its {length} bytes")
                 payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=length)
             except zstandard.ZstdError as error:
                 raise IntegrityError(f"{where}: frame at {start} does not decompress: {error}") from error
@@ -272,11 +276,19 @@ def read_header(frame: bytes, where: str) -> tuple[int, int, bytes]:
     """A frame's logical length, flags and nonce; IntegrityError when ``frame`` does not start with a header."""
     if len(frame) < HEADER_SIZE:
         raise IntegrityError(f"{where}: a frame of {len(frame)} bytes is shorter than its header")
-    magic, version, flags, _reserved, length, nonce = HEADER.unpack_from(frame)
+    magic, version, flags, reserved, length, nonce = HEADER.unpack_from(frame)
     if magic != MAGIC:
         raise IntegrityError(f"{where}: a chunk of a framed segment does not start with a frame header")
-    if version != VERSION or flags & ~_KNOWN_FLAGS:
-        raise IntegrityError(f"{where}: frame version {version} flags {flags:#x} are unknown to this version")
+    if version != VERSION or flags & ~_KNOWN_FLAGS or reserved:
+        raise IntegrityError(
+            f"{where}: frame version {version} flags {flags:#x} reserved {reserved:#x} are unknown to this version"
+        )
+    # Checked because no checksum covers them without encryption: a changed bit there is damage too.
+    if not flags & _AES_GCM and nonce != bytes(NONCE_BYTES):
+        raise IntegrityError(f"{where}: an unencrypted frame with a nonce")
+    # No frame is written longer; trusting a damaged length would size zstd's output buffer by it.
+    if length > MAX_FRAME:
+        raise IntegrityError(f"{where}: a frame header claims {length} bytes, more than a frame holds")
     return length, flags, nonce
 
 
@@ -299,7 +311,8 @@ def parse_descriptor(data: bytes, keyring: Keyring, where: str) -> SegmentFormat
         if encryption is None:
             return SegmentFormat(compression)
         wrapped = WrappedKey(str(encryption["key_id"]), base64.b64decode(encryption["wrapped_key"], validate=True))
-    except (ValueError, KeyError, TypeError) as error:
+    # RecursionError: JSON nested deeper than the parser's stack, which only damage produces.
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise IntegrityError(f"{where}: codec descriptor does not parse: {error}") from error
     return SegmentFormat(compression, wrapped, keyring.unwrap(wrapped, where))
 
@@ -308,7 +321,7 @@ def descriptor_key_id(data: bytes) -> str | None:
     """Which key-encryption key a ``.codec`` object names, without unwrapping anything."""
     try:
         encryption = json.loads(data).get("encryption")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return str(encryption["key_id"]) if isinstance(encryption, dict) and "key_id" in encryption else None
 
