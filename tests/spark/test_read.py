@@ -174,6 +174,9 @@ def test_unknown_topic_and_bad_options_fail_clearly(spark: SparkSession, posix_a
         load(spark, posix_archive, "orders", cold_uri="typo")
     with pytest.raises(AnalysisException, match="metadata=none"):
         spark.read.format("tieredstore").option("cold_url", posix_archive.cold_url).load("orders")
+    # The keyring is loaded at load() on the driver, before any task could fail for want of it.
+    with pytest.raises(AnalysisException, match=r"keyring file /nonexistent/keys\.toml does not exist"):
+        load(spark, posix_archive, "orders", keyring_file="/nonexistent/keys.toml")
 
 
 def test_credentials_stay_out_of_partitions_plans_and_reprs(spark: SparkSession, s3_archive: Archive) -> None:

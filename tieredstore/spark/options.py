@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from tieredstore.basics import MIB
-from tieredstore.config import TieredStoreConfig
+from tieredstore.config import EncryptionSettings, TieredStoreConfig
 from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import validate_topic
 from tieredstore.metadata.engine import parse_url, safe_url
@@ -47,7 +49,11 @@ _SCAN_OPTIONS = (
     "planning_concurrency",
     "on_corrupt",
 )
-KNOWN_OPTIONS = frozenset(_SCAN_OPTIONS + _S3_TEXT_OPTIONS + _S3_SECRET_OPTIONS + tuple(_S3_NUMBER_OPTIONS))
+# Where the keyring is, as in [encryption]: a path and a variable name travel to executors, never key material.
+_KEYRING_OPTIONS = ("keyring_file", "keyring_env")
+KNOWN_OPTIONS = frozenset(
+    _SCAN_OPTIONS + _KEYRING_OPTIONS + _S3_TEXT_OPTIONS + _S3_SECRET_OPTIONS + tuple(_S3_NUMBER_OPTIONS)
+)
 
 
 class OnCorrupt(enum.StrEnum):
@@ -108,6 +114,14 @@ def _provider_options(options: Mapping[str, str], cold_url: str) -> dict[str, An
     return parsed
 
 
+def _keyring(options: Mapping[str, str]) -> EncryptionSettings:
+    given = {name: str(options[name]).strip() for name in _KEYRING_OPTIONS if options.get(name) not in (None, "")}
+    try:
+        return EncryptionSettings.model_validate(given)
+    except pydantic.ValidationError as error:
+        raise ConfigError(f"options {sorted(given)} do not name a keyring: {error}") from error
+
+
 @dataclass(frozen=True, slots=True)
 class ScanOptions:
     """Everything a scan needs, on the driver and in every task. ``provider_options`` holds secrets."""
@@ -123,6 +137,7 @@ class ScanOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     planning_concurrency: int = DEFAULT_PLANNING_CONCURRENCY
     on_corrupt: OnCorrupt = OnCorrupt.FAIL
+    keyring: EncryptionSettings = field(default_factory=EncryptionSettings)
 
     @property
     def uses_metadata(self) -> bool:
@@ -172,6 +187,7 @@ class ScanOptions:
             batch_rows=_positive_int(lowered, "batch_rows", DEFAULT_BATCH_ROWS),
             planning_concurrency=_positive_int(lowered, "planning_concurrency", DEFAULT_PLANNING_CONCURRENCY),
             on_corrupt=on_corrupt,
+            keyring=_keyring(lowered),
         )
 
     def __repr__(self) -> str:
@@ -179,7 +195,12 @@ class ScanOptions:
         return (
             f"ScanOptions(topics={list(self.topics)}, cold_url={redact_url(self.cold_url)!r}, metadata={metadata!r}, "
             f"cluster={self.cluster!r}, broker={self.broker!r}, max_partition_bytes={self.max_partition_bytes}, "
-            f"on_corrupt={self.on_corrupt.value})"
+            f"on_corrupt={self.on_corrupt.value}{self._keyring_shown()})"
         )
+
+    def _keyring_shown(self) -> str:
+        file, env = self.keyring.keyring_file, self.keyring.keyring_env
+        shown = ([f"keyring_file={str(file)!r}"] if file else []) + ([f"keyring_env={env!r}"] if env else [])
+        return "".join(f", {part}" for part in shown)
 
     __str__ = __repr__

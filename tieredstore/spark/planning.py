@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import Provider
-from tieredstore.providers.registry import open_provider
 from tieredstore.spark.filters import ScanFilter
 from tieredstore.spark.layout import (
     ArchiveView,
@@ -37,6 +36,7 @@ from tieredstore.spark.layout import (
     layouts_from_metadata,
 )
 from tieredstore.spark.options import ScanOptions
+from tieredstore.spark.session import open_scan_provider
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ async def plan_scan(options: ScanOptions, scan_filter: ScanFilter | None = None)
     """Every partition of a scan, ordered by topic, queue and offset. Runs on the driver."""
     scan_filter = scan_filter or ScanFilter()
     started = time.perf_counter()
-    async with open_provider(options.cold_url, **options.provider_options) as provider:
+    async with open_scan_provider(options) as provider:
         layouts = await _layouts(provider, options, scan_filter)
         limit = asyncio.Semaphore(options.planning_concurrency)
 

@@ -6,19 +6,48 @@ thousand rows. So the loop and the provider outlive a partition: they serve the 
 same cold URL and provider options. Other options replace them; a partition that fails drops them, so
 the next one starts afresh; what is still open is closed when the process exits. A session still in use
 (a partition's batches not all read yet) is closed only when its last partition is done with it.
+
+Framed segments are read with the keyring the options name (a file, an environment variable), loaded here,
+where the partition runs: only where it is travels with the options, and a keyring file that changes (a key
+added for a rotation) opens a new session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tieredstore.errors import ConfigError
+from tieredstore.keys import load_keyring
 from tieredstore.providers.base import Provider
+from tieredstore.providers.codec import Codecs, check_cryptography
 from tieredstore.providers.registry import open_provider
 from tieredstore.spark.options import ScanOptions
+
+
+def scan_codecs(options: ScanOptions) -> Codecs:
+    """The codecs framed segments are read with: the keyring ``options`` name, loaded in this process."""
+    try:
+        keyring = load_keyring(options.keyring)
+    except ConfigError as error:
+        # A worker on another host may lack the file or the variable the driver has: say which host.
+        raise ConfigError(f"tieredstore keyring on {socket.gethostname()}: {error}") from error
+    if keyring.ids:
+        check_cryptography()
+    return Codecs(keyring)
+
+
+def open_scan_provider(options: ScanOptions) -> Provider:
+    """The provider of ``options.cold_url``, reading framed segments with the keyring the options name."""
+    codecs = scan_codecs(options)
+    provider = open_provider(options.cold_url, **options.provider_options)
+    provider.codecs = codecs
+    return provider
 
 
 class ReadSession:
@@ -27,7 +56,7 @@ class ReadSession:
     def __init__(self, key: str, options: ScanOptions) -> None:
         self.key = key
         self.runner = asyncio.Runner()
-        self.provider: Provider = open_provider(options.cold_url, **options.provider_options)
+        self.provider: Provider = open_scan_provider(options)
         self.users = 0
         self.retired = False
         self.closed = False
@@ -53,8 +82,27 @@ _local = threading.local()
 _open_sessions: set[ReadSession] = set()
 
 
+def _keyring_file_stamp(options: ScanOptions) -> tuple[int, int] | None:
+    path = options.keyring.keyring_file
+    if path is None:
+        return None
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None  # opening the session says what is wrong with the file
+    return status.st_mtime_ns, status.st_size
+
+
 def _key(options: ScanOptions) -> str:
-    return repr((options.cold_url, sorted(options.provider_options.items())))
+    return repr(
+        (
+            options.cold_url,
+            sorted(options.provider_options.items()),
+            options.keyring.keyring_file,
+            options.keyring.keyring_env,
+            _keyring_file_stamp(options),
+        )
+    )
 
 
 @contextmanager

@@ -4,8 +4,9 @@ Spark runs each piece in a Python worker: ``schema`` when ``load()`` is called, 
 ``pushFilters`` and ``partitions`` when the query is planned (on the driver's machine: this is where
 the metadata database must be reachable), and ``read`` once per partition in a task. The reader is
 pickled to the tasks with its options, which is how S3 credentials reach executors; they are in no
-partition and in no ``repr``. A query that gives a schema of its own (``.schema(...)``) gets only
-those columns, and only those are built.
+partition and in no ``repr``. Keys do not travel at all: the options name a keyring file or variable,
+and each worker loads the keyring where it runs (``tieredstore.spark.session``). A query that gives a
+schema of its own (``.schema(...)``) gets only those columns, and only those are built.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tieredstore.spark.options import ScanOptions
 from tieredstore.spark.planning import PartitionPlan, plan_partitions
 from tieredstore.spark.reading import read_partition
 from tieredstore.spark.schema import ARROW_SCHEMA, requested_columns, spark_schema
+from tieredstore.spark.session import scan_codecs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,7 +76,8 @@ class TieredStoreDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        ScanOptions.parse(self.options)  # bad options fail at load(), not at the first action
+        # Bad options, and a keyring the driver cannot load, fail at load(), not at the first action.
+        scan_codecs(ScanOptions.parse(self.options))
         return spark_schema()
 
     def reader(self, schema: StructType) -> TieredStoreReader:
