@@ -373,12 +373,14 @@ class ChunkedSegment(FileSegment):
 
     async def _read_by_name(self, position: int, length: int) -> bytes:
         key = self._chunk_key(position)
-        if self._format is None:
-            data = await self._store.get_range(key, 0, length)
-            if self._format_known or not is_frame(data):
-                return data
-            await self._learn_format()
-        blob = await self._store.get_range(key, 0, WHOLE)
+        if self._format is not None:
+            blob = await self._store.get_range(key, 0, WHOLE)
+        else:
+            blob = await self._store.get_range(key, 0, length)
+            if self._format_known or not is_frame(blob):
+                return blob
+            if len(blob) >= length:  # only the frame's head: fetched whole beside the descriptor
+                _, blob = await asyncio.gather(self._learn_format(), self._store.get_range(key, 0, WHOLE))
         frame = await (await self._learn_format()).decode_async(blob, self.key, position)
         self._decoded = (position, frame)
         self._remember(Chunk(position, len(frame), len(blob)))

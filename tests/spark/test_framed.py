@@ -265,7 +265,7 @@ def test_planning_a_whole_framed_queue_reads_only_its_later_segments_heads(
     s3_framed: FramedArchive, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From the segment rows: no listing, no consume-queue read; a framed commit-log segment after the first
-    costs its first frame's head, its ``.codec`` and the whole frame, read by name."""
+    costs its first frame's head, then its ``.codec`` and the whole frame side by side, read by name."""
     requests: list[tuple[str, str]] = []
     list_files, get_range = S3ObjectStore.list_files, S3ObjectStore.get_range
 
