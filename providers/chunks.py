@@ -379,8 +379,9 @@ class ChunkedSegment(FileSegment):
             blob = await self._store.get_range(key, 0, length)
             if self._format_known or not is_frame(blob):
                 return blob
-            if len(blob) >= length:  # only the frame's head: fetched whole beside the descriptor
-                _, blob = await asyncio.gather(self._learn_format(), self._store.get_range(key, 0, WHOLE))
+            if len(blob) >= length:  # only the frame's head: its rest is fetched beside the descriptor
+                _, rest = await asyncio.gather(self._learn_format(), self._store.get_range(key, len(blob), WHOLE))
+                blob += rest
         frame = await (await self._learn_format()).decode_async(blob, self.key, position)
         self._decoded = (position, frame)
         self._remember(Chunk(position, len(frame), len(blob)))

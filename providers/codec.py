@@ -27,6 +27,7 @@ import enum
 import json
 import os
 import struct
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,14 +254,18 @@ class SegmentFormat:
         return payload
 
 
-_compressors: dict[int, Any] = {}
+_compressors = threading.local()
 
 
 def _compressor(level: int) -> Any:
-    # One compressor per level and process: building one allocates its context.
-    compressor = _compressors.get(level)
+    # One compressor per level and thread: a zstd compression context is not safe to share between the
+    # worker threads that encode frames at once, and building one for each frame allocates it anew.
+    by_level: dict[int, Any] | None = getattr(_compressors, "by_level", None)
+    if by_level is None:
+        by_level = _compressors.by_level = {}
+    compressor = by_level.get(level)
     if compressor is None:
-        compressor = _compressors[level] = _zstandard().ZstdCompressor(level=level, write_checksum=True)
+        compressor = by_level[level] = _zstandard().ZstdCompressor(level=level, write_checksum=True)
     return compressor
 
 

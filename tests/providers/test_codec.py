@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -416,3 +418,27 @@ async def test_racing_first_commits_of_other_bytes_leave_one_writer_s_bytes(open
     reader = open_provider(ENCRYPTING).segment(COMMIT_LOG, QUEUE, 0)
     assert await reader.correct_commit_position() == 700
     assert await reader.read(0, 700) == winner
+
+
+# In a child process: a shared compression context crashes the interpreter, which would end the test run.
+_CONCURRENT_ENCODES = """
+import os, threading
+from tieredstore.providers.codec import Compression, SegmentFormat
+fmt = SegmentFormat(Compression.ZSTD)
+data = b"".join(b'{"n": %d, "x": "%s"}' % (i, os.urandom(8).hex().encode()) for i in range(150_000))[: 4 << 20]
+failures = []
+def encode_many():
+    for _ in range(8):
+        if fmt.decode(fmt.encode(data, "k", 0), "k", 0) != data:
+            failures.append(1)
+threads = [threading.Thread(target=encode_many) for _ in range(4)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+raise SystemExit(len(failures))
+"""
+
+
+def test_large_frames_encoded_in_several_threads_at_once_round_trip() -> None:
+    # Frames of 64 KiB and more are encoded in worker threads, several queues' commits at once.
+    done = subprocess.run([sys.executable, "-c", _CONCURRENT_ENCODES], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
