@@ -1,8 +1,10 @@
 """Shared benchmark workloads: filled hot stores, node configs, the real archiver, S3 request counts.
 
 Every archive-side benchmark starts from the same shape of data: a hot store holding ``messages``
-records spread round-robin over ``queues`` queues of one topic, with random bodies (so nothing
-compresses) and optionally a unique key per message (so the key index has work). The configs keep
+records spread round-robin over ``queues`` queues of one topic, with random bodies and optionally a
+unique key per message (so the key index has work). By default the bodies are a few distinct random
+ones in turn: nothing compresses one body, but a compressor whose window spans several messages
+(zstd over a commit) finds each again; ``unique_bodies`` makes every body new random bytes. The configs keep
 hot files small enough that copying the hot directory (``cp``, ``rclone``) moves little beyond the
 records themselves: preallocated but unused file space would otherwise flatter or penalise a baseline.
 """
@@ -109,10 +111,16 @@ def fill_hot_store(
     body_bytes: int,
     keys: bool = False,
     topic: str = TOPIC,
+    unique_bodies: bool = False,
 ) -> HotData:
-    """Put ``messages`` random-bodied messages round-robin over ``queues`` queues (``keys``: one unique key each)."""
+    """Put ``messages`` random-bodied messages round-robin over ``queues`` queues (``keys``: one unique key each;
+    ``unique_bodies``: no two bodies alike, so nothing compresses)."""
     config = config_for(data_dir, queues=queues, max_message_bytes=max(4096, 2 * body_bytes))
     distinct_bodies = [os.urandom(body_bytes) for _ in range(min(queues, 64))]
+
+    def body(number: int) -> bytes:
+        return os.urandom(body_bytes) if unique_bodies else distinct_bodies[number % len(distinct_bodies)]
+
     with open_hot_store(config) as hot:
         for start in range(0, messages, PUT_BATCH):
             hot.put_messages(
@@ -120,7 +128,7 @@ def fill_hot_store(
                     PutRequest(
                         topic,
                         number % queues,
-                        distinct_bodies[number % len(distinct_bodies)],
+                        body(number),
                         (f"key-{number}",) if keys else (),
                     )
                     for number in range(start, min(messages, start + PUT_BATCH))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,17 @@ BATCH = 32
 FULL_MESSAGES = 160_000
 
 
-async def _read_all(config: TieredStoreConfig, queues: int) -> tuple[float, float, int, int]:
-    """Read every queue sequentially from cold storage; (seconds, CPU seconds of this process, messages, bytes)."""
+async def read_queues(config: TieredStoreConfig, queues: Sequence[tuple[str, int]]) -> tuple[float, float, int, int]:
+    """Read every (topic, queue) sequentially from cold storage; (seconds, CPU seconds of this process, messages,
+    bytes)."""
     async with AsyncTieredMessageStore.open(config, hot=False, read_policy=ReadPolicy.FORCE) as store:
         messages = received = 0
         cpu_before = time.process_time()
         with stopwatch() as elapsed:
-            for queue_id in range(queues):
-                offset = await store.get_min_offset(TOPIC, queue_id)
+            for topic, queue_id in queues:
+                offset = await store.get_min_offset(topic, queue_id)
                 while True:
-                    result = await store.get_messages(TOPIC, queue_id, offset, BATCH)
+                    result = await store.get_messages(topic, queue_id, offset, BATCH)
                     if result.status is not GetMessageStatus.FOUND:
                         break
                     messages += len(result.messages)
@@ -91,7 +93,8 @@ def cold_read_s3(ctx: BenchmarkContext) -> None:
 
         def ours(_: Path) -> Measurement:
             before = request_counts(s3)
-            seconds, cpu_seconds, read, received = asyncio.run(_read_all(config, queues))
+            topic_queues = [(TOPIC, queue_id) for queue_id in range(queues)]
+            seconds, cpu_seconds, read, received = asyncio.run(read_queues(config, topic_queues))
             counts = request_counts(s3) - before
             if read != messages:
                 raise RuntimeError(f"read {read} messages of {messages}")
