@@ -20,7 +20,6 @@ much less than our reader returns.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +35,8 @@ from benchmarks.cold_codecs import (
 )
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark
 from benchmarks.services import MotoServer
-from benchmarks.suite.cold_read_s3 import BATCH, read_queues
-from benchmarks.workloads import TOPIC, HotData, archive, config_for, fill_hot_store, per_thousand, request_counts
+from benchmarks.suite.cold_read_s3 import BATCH, measured_read
+from benchmarks.workloads import TOPIC, HotData, archive, config_for, fill_hot_store
 from tieredstore.config import TieredStoreConfig
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.chunks import chunk_name, parse_chunk_name
@@ -87,23 +86,7 @@ class SealedRead:
         return sum(o.length for o in self.objects if o.key.endswith(f"/{FIRST_CHUNK}"))
 
     def ours(self, _: Path) -> Measurement:
-        before = request_counts(self.s3)
-        seconds, cpu_seconds, read, received = asyncio.run(read_queues(self.config, self.queues))
-        counts = request_counts(self.s3) - before
-        if read != self.hot.messages:
-            raise RuntimeError(f"read {read} messages of {self.hot.messages}")
-        return Measurement(
-            seconds=seconds,
-            items=read,
-            bytes=self.stored_bytes,
-            extras={
-                "get_requests": float(counts.get),
-                "get_requests_per_4096_messages": per_thousand(counts.get, read) * 4.096,
-                "list_requests": float(counts.list),
-                "logical_bytes_read": float(received),
-                "cpu_us_per_message": cpu_seconds / read * 1e6,
-            },
-        )
+        return measured_read(self.s3, self.config, self.queues, expected=self.hot.messages, moved=self.stored_bytes)
 
     def raw(self, _: Path) -> Measurement:
         fetched = raw_s3_ranged_get(self.client, self.bucket, self.objects, concurrency=1, items=self.hot.messages)
