@@ -37,10 +37,12 @@ SUITE_PACKAGE = "benchmarks.suite"
 
 
 class Metric(enum.StrEnum):
-    """What a comparison ranks: items per second (higher is better) or elapsed seconds (lower is better)."""
+    """What a comparison ranks: items per second (higher is better), elapsed seconds or the bytes a side
+    left in storage (``Measurement.bytes``; both lower is better)."""
 
     THROUGHPUT = "throughput"
     SECONDS = "seconds"
+    STORED_BYTES = "stored_bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,11 @@ def _side_summary(label: str, measurements: Sequence[Measurement], metric: Metri
     if metric is Metric.THROUGHPUT:
         values = [m.items / m.seconds if m.seconds > 0 else math.inf for m in measurements]
         value_unit = f"{unit}/s"
+    elif metric is Metric.STORED_BYTES:
+        if any(m.bytes is None for m in measurements):
+            raise ValueError(f"{label}: a stored-bytes comparison needs the bytes of every round")
+        values = [float(m.bytes or 0) for m in measurements]
+        value_unit = "B"
     else:
         values = [m.seconds for m in measurements]
         value_unit = "s"
@@ -115,7 +122,8 @@ def _side_summary(label: str, measurements: Sequence[Measurement], metric: Metri
     summary["seconds"] = summarise([m.seconds for m in measurements])
     summary["items"] = [m.items for m in measurements]
     byte_counts = [m.bytes for m in measurements]
-    if all(b is not None for b in byte_counts):
+    # Stored bytes over the seconds it took to write them would read as a transfer rate, which it is not.
+    if metric is not Metric.STORED_BYTES and all(b is not None for b in byte_counts):
         summary["mb_per_s"] = summarise(
             [
                 (b or 0) / m.seconds / 1e6 if m.seconds > 0 else math.inf

@@ -1,8 +1,10 @@
 """Shared benchmark workloads: filled hot stores, node configs, the real archiver, S3 request counts.
 
 Every archive-side benchmark starts from the same shape of data: a hot store holding ``messages``
-records spread round-robin over ``queues`` queues of one topic, with random bodies (so nothing
-compresses) and optionally a unique key per message (so the key index has work). The configs keep
+records spread round-robin over ``queues`` queues of one topic, with random bodies and optionally a
+unique key per message (so the key index has work). By default the bodies are a few distinct random
+ones in turn: nothing compresses one body, but a compressor whose window spans several messages
+(zstd over a commit) finds each again; ``unique_bodies`` makes every body new random bytes. The configs keep
 hot files small enough that copying the hot directory (``cp``, ``rclone``) moves little beyond the
 records themselves: preallocated but unused file space would otherwise flatter or penalise a baseline.
 """
@@ -58,8 +60,12 @@ def config_for(
     archiver: Mapping[str, Any] | None = None,
     index: Mapping[str, Any] | None = None,
     read: Mapping[str, Any] | None = None,
+    codecs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> TieredStoreConfig:
-    """A node config under ``data_dir`` (POSIX cold tier and SQLite in it unless given), hot files kept small."""
+    """A node config under ``data_dir`` (POSIX cold tier and SQLite in it unless given), hot files kept small.
+
+    ``codecs``: the ``cold`` and ``encryption`` sections (:func:`codec_sections`), framing new segments.
+    """
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "hot": {
@@ -72,6 +78,7 @@ def config_for(
         "index": dict(index or {}),
         "read": dict(read or {}),
     }
+    values.update(codecs or {})
     if cold_url is not None:
         values["cold_url"] = cold_url
     if metadata_url is not None:
@@ -104,10 +111,16 @@ def fill_hot_store(
     body_bytes: int,
     keys: bool = False,
     topic: str = TOPIC,
+    unique_bodies: bool = False,
 ) -> HotData:
-    """Put ``messages`` random-bodied messages round-robin over ``queues`` queues (``keys``: one unique key each)."""
+    """Put ``messages`` random-bodied messages round-robin over ``queues`` queues (``keys``: one unique key each;
+    ``unique_bodies``: no two bodies alike, so nothing compresses)."""
     config = config_for(data_dir, queues=queues, max_message_bytes=max(4096, 2 * body_bytes))
     distinct_bodies = [os.urandom(body_bytes) for _ in range(min(queues, 64))]
+
+    def body(number: int) -> bytes:
+        return os.urandom(body_bytes) if unique_bodies else distinct_bodies[number % len(distinct_bodies)]
+
     with open_hot_store(config) as hot:
         for start in range(0, messages, PUT_BATCH):
             hot.put_messages(
@@ -115,7 +128,7 @@ def fill_hot_store(
                     PutRequest(
                         topic,
                         number % queues,
-                        distinct_bodies[number % len(distinct_bodies)],
+                        body(number),
                         (f"key-{number}",) if keys else (),
                     )
                     for number in range(start, min(messages, start + PUT_BATCH))
@@ -150,7 +163,15 @@ def node_dir_over(hot: HotData, directory: Path) -> Path:
     return data_dir
 
 
-async def _archive(config: TieredStoreConfig, *, with_index: bool) -> tuple[float, OnceResult]:
+@dataclass(frozen=True, slots=True)
+class ArchiveRun:
+    """One ``run_once``: its wall seconds and this process's CPU seconds over it (every thread)."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+async def _archive(config: TieredStoreConfig, *, with_index: bool) -> tuple[ArchiveRun, OnceResult]:
     async with open_runtime(config, recover=False) as runtime:
         if with_index:
             dispatcher = Dispatcher.from_runtime(runtime, settings=config.archiver)
@@ -159,20 +180,26 @@ async def _archive(config: TieredStoreConfig, *, with_index: bool) -> tuple[floa
             dispatcher = Dispatcher(
                 runtime.hot, runtime.flat, metadata=runtime.metadata, index=None, settings=config.archiver
             )
+        cpu_before = time.process_time()
         with stopwatch() as elapsed:
             result = await dispatcher.run_once()
-        seconds = elapsed()
+        measured = ArchiveRun(elapsed(), time.process_time() - cpu_before)
     if result.failed:
         raise RuntimeError(f"the archiver gave up on {len(result.failed)} queue(s): {result.failed}")
-    return seconds, result
+    return measured, result
+
+
+def archive_run(config: TieredStoreConfig, *, with_index: bool, expected: int) -> ArchiveRun:
+    """Run the real Dispatcher's ``run_once`` over ``config``; the wall and CPU seconds ``run_once`` took."""
+    measured, result = asyncio.run(_archive(config, with_index=with_index))
+    if result.stats.messages != expected:
+        raise RuntimeError(f"the archiver archived {result.stats.messages} messages of {expected}")
+    return measured
 
 
 def archive(config: TieredStoreConfig, *, with_index: bool, expected: int) -> float:
     """Run the real Dispatcher's ``run_once`` over ``config``; the seconds ``run_once`` took."""
-    seconds, result = asyncio.run(_archive(config, with_index=with_index))
-    if result.stats.messages != expected:
-        raise RuntimeError(f"the archiver archived {result.stats.messages} messages of {expected}")
-    return seconds
+    return archive_run(config, with_index=with_index, expected=expected).seconds
 
 
 # ---- S3 requests, counted from the moto server's request log ----------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,50 @@ BATCH = 32
 FULL_MESSAGES = 160_000
 
 
-async def _read_all(config: TieredStoreConfig, queues: int) -> tuple[float, float, int, int]:
-    """Read every queue sequentially from cold storage; (seconds, CPU seconds of this process, messages, bytes)."""
+async def read_queues(config: TieredStoreConfig, queues: Sequence[tuple[str, int]]) -> tuple[float, float, int, int]:
+    """Read every (topic, queue) sequentially from cold storage; (seconds, CPU seconds of this process, messages,
+    bytes)."""
     async with AsyncTieredMessageStore.open(config, hot=False, read_policy=ReadPolicy.FORCE) as store:
         messages = received = 0
         cpu_before = time.process_time()
         with stopwatch() as elapsed:
-            for queue_id in range(queues):
-                offset = await store.get_min_offset(TOPIC, queue_id)
+            for topic, queue_id in queues:
+                offset = await store.get_min_offset(topic, queue_id)
                 while True:
-                    result = await store.get_messages(TOPIC, queue_id, offset, BATCH)
+                    result = await store.get_messages(topic, queue_id, offset, BATCH)
                     if result.status is not GetMessageStatus.FOUND:
                         break
                     messages += len(result.messages)
                     received += sum(len(m.raw) for m in result.messages)
                     offset = result.next_begin_offset
         return elapsed(), time.process_time() - cpu_before, messages, received
+
+
+def measured_read(
+    s3: MotoServer,
+    config: TieredStoreConfig,
+    queues: Sequence[tuple[str, int]],
+    *,
+    expected: int,
+    moved: int | None = None,
+) -> Measurement:
+    """One round of :func:`read_queues` with its S3 requests; ``bytes`` is what it returned unless ``moved``
+    (stored bytes fetched) is given, which then also records the returned bytes as an extra."""
+    before = request_counts(s3)
+    seconds, cpu_seconds, read, received = asyncio.run(read_queues(config, queues))
+    counts = request_counts(s3) - before
+    if read != expected:
+        raise RuntimeError(f"read {read} messages of {expected}")
+    extras = {
+        "get_requests": float(counts.get),
+        "get_requests_per_4096_messages": per_thousand(counts.get, read) * 4.096,
+        "list_requests": float(counts.list),
+        # Our own CPU per message: what the read path costs apart from waiting on the server.
+        "cpu_us_per_message": cpu_seconds / read * 1e6,
+    }
+    if moved is not None:
+        extras["logical_bytes_read"] = float(received)
+    return Measurement(seconds=seconds, items=read, bytes=received if moved is None else moved, extras=extras)
 
 
 def _commit_log_objects(client: Any, bucket: str) -> list[RangedGet]:
@@ -90,23 +119,7 @@ def cold_read_s3(ctx: BenchmarkContext) -> None:
         )
 
         def ours(_: Path) -> Measurement:
-            before = request_counts(s3)
-            seconds, cpu_seconds, read, received = asyncio.run(_read_all(config, queues))
-            counts = request_counts(s3) - before
-            if read != messages:
-                raise RuntimeError(f"read {read} messages of {messages}")
-            return Measurement(
-                seconds=seconds,
-                items=read,
-                bytes=received,
-                extras={
-                    "get_requests": float(counts.get),
-                    "get_requests_per_4096_messages": per_thousand(counts.get, read) * 4.096,
-                    "list_requests": float(counts.list),
-                    # Our own CPU per message: what the read path costs apart from waiting on the server.
-                    "cpu_us_per_message": cpu_seconds / read * 1e6,
-                },
-            )
+            return measured_read(s3, config, [(TOPIC, queue_id) for queue_id in range(queues)], expected=messages)
 
         def raw(_: Path) -> Measurement:
             fetched = raw_s3_ranged_get(client, bucket, objects, concurrency=1, items=messages)

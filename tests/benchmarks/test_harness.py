@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness import (
+    Benchmark,
     BenchmarkContext,
     Contender,
     Measurement,
@@ -102,6 +103,31 @@ def test_rounds_alternate_and_ratios_are_taken_pair_by_pair(trivial: list[str], 
     assert throughput["met"] is True
     assert seconds["ratio"]["median"] == 4.0
     assert seconds["met"] is False, "4x slower misses an at-most-2x target"
+
+
+def test_a_stored_bytes_pair_ranks_the_bytes_each_side_left_and_misses_an_at_most_target(tmp_path: Path) -> None:
+    def side(label: str, stored: int) -> Contender:
+        return Contender(label, lambda _: Measurement(seconds=2.0, items=10, bytes=stored))
+
+    bench = Benchmark(name="bytes_for_test", title="Bytes", issue=None, summary="", run=lambda _: None)
+    ctx = BenchmarkContext(bench, quick=False, rounds=2, work_dir=tmp_path)
+    smaller, larger = (
+        ctx.compare(
+            name,
+            baseline=side("before", before),
+            ours=side("after", after),
+            unit="msg",
+            metric=Metric.STORED_BYTES,
+            target=Target.at_most(bound, f"<= {bound:.3g}"),
+        )
+        for name, before, after, bound in (("compressed", 900, 300, 1 / 3), ("sealed", 300, 310, 1.01))
+    )
+
+    assert smaller["baseline"]["values"] == [900.0, 900.0] and smaller["baseline"]["unit"] == "B"
+    assert smaller["ratio"]["median"] == pytest.approx(1 / 3)
+    assert smaller["met"] is True
+    assert larger["ratio"]["median"] == pytest.approx(310 / 300)
+    assert larger["met"] is False, "3% more bytes misses an at-most-1% target"
 
 
 def test_result_document_is_saved_with_machine_facts_and_command(trivial: list[str], tmp_path: Path) -> None:
