@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,6 @@ from typing import Any
 from benchmarks.workloads import HotData, config_for
 from tieredstore.cli.run import DEMO_TOPICS, DemoProducer
 from tieredstore.formats.naming import FileType
-from tieredstore.providers import codec
 from tieredstore.runtime import open_hot_store
 
 BENCH_KEY_ID = "bench-kek"
@@ -31,34 +28,6 @@ DEMO_QUEUES: tuple[tuple[str, int], ...] = tuple(
     (topic, queue_id) for topic, count in DEMO_TOPICS for queue_id in range(count)
 )
 UNTHROTTLED = 1e12  # messages per second: the demo producer never waits
-
-
-PER_THREAD_NOTE = (
-    "These runs give each thread its own zstd compressor: `providers.codec` shares one `ZstdCompressor` per "
-    "level between the worker threads that encode frames of 64 KiB and more, which python-zstandard does not "
-    "allow (an instance is not thread-safe), and the process crashes (SIGSEGV in `ZstdCompressor.compress`) as "
-    "soon as two commits are encoded at once. The benchmark replaces the shared compressor by one per thread "
-    "while it runs; nothing else of the code under test is changed."
-)
-
-
-@contextmanager
-def per_thread_compressors() -> Iterator[None]:
-    """Within the block, every thread compresses with its own zstd compressor (see ``PER_THREAD_NOTE``)."""
-    shared = codec._compressor
-    local = threading.local()
-
-    def compressor(level: int) -> Any:
-        owned: dict[int, Any] = local.__dict__.setdefault("by_level", {})
-        if level not in owned:
-            owned[level] = codec._zstandard().ZstdCompressor(level=level, write_checksum=True)
-        return owned[level]
-
-    codec._compressor = compressor
-    try:
-        yield
-    finally:
-        codec._compressor = shared
 
 
 def codec_sections(directory: Path, *, compression: bool, encrypt: bool) -> dict[str, dict[str, Any]]:

@@ -23,11 +23,9 @@ import psutil
 
 from benchmarks.baselines import s3_client
 from benchmarks.cold_codecs import (
-    PER_THREAD_NOTE,
     codec_label,
     codec_sections,
     fill_demo_hot_store,
-    per_thread_compressors,
     stored_in_bucket,
 )
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark
@@ -113,9 +111,7 @@ class CodecSides:
     ),
 )
 def archive_s3_zstd(ctx: BenchmarkContext) -> None:
-    with per_thread_compressors():
-        _measure(ctx)
-    ctx.note(PER_THREAD_NOTE)
+    _measure(ctx)
     ctx.note(
         "Messages/s and MB/s count the logical records archived; `stored_bytes` is what the bucket held after "
         "the side (commit log, consume queues, key index, descriptors). The moto server's CPU is on the same two "

@@ -17,12 +17,10 @@ from typing import Any
 
 from benchmarks.cold_codecs import (
     DEMO_QUEUES,
-    PER_THREAD_NOTE,
     StoredBytes,
     codec_label,
     codec_sections,
     fill_demo_hot_store,
-    per_thread_compressors,
     stored_in_directory,
 )
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Metric, Target, benchmark
@@ -86,9 +84,7 @@ def _per_type_ratios(ctx: BenchmarkContext, comparison: dict[str, Any], what: st
     ),
 )
 def codec_bytes(ctx: BenchmarkContext) -> None:
-    with per_thread_compressors():
-        _measure(ctx)
-    ctx.note(PER_THREAD_NOTE)
+    _measure(ctx)
 
 
 def _measure(ctx: BenchmarkContext) -> None:

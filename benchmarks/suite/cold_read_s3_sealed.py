@@ -28,10 +28,8 @@ from typing import Any
 from benchmarks.baselines import RangedGet, raw_s3_ranged_get, s3_client
 from benchmarks.cold_codecs import (
     DEMO_QUEUES,
-    PER_THREAD_NOTE,
     codec_sections,
     fill_demo_hot_store,
-    per_thread_compressors,
 )
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark
 from benchmarks.services import MotoServer
@@ -107,9 +105,7 @@ class SealedRead:
     ),
 )
 def cold_read_s3_sealed(ctx: BenchmarkContext) -> None:
-    with per_thread_compressors():
-        _measure(ctx)
-    ctx.note(PER_THREAD_NOTE)
+    _measure(ctx)
     ctx.note(
         "MB/s counts stored bytes on both sides (what crossed the wire); ours' `logical_bytes_read` is what it "
         "returned. Ours' GET count comes from the moto server's log: per segment, its descriptor, every chunk "
