@@ -39,7 +39,15 @@ import typer
 from tieredstore.basics import check_queue_id
 from tieredstore.cli.app import IntegrityFailure, app, state
 from tieredstore.cli.common import checked_topic, run
-from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
+from tieredstore.errors import (
+    CorruptRecordError,
+    IntegrityError,
+    MetadataCorruptError,
+    MissingKeyError,
+    NotFoundError,
+    SegmentNotFoundError,
+    ValidationError,
+)
 from tieredstore.flat.checker import ProblemKind, check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -217,8 +225,13 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
             report.units += held
         else:
             await _walk_units(flat_file, report, problem)
-    except (SegmentNotFoundError, CorruptRecordError, NotFoundError) as error:
+    except (SegmentNotFoundError, CorruptRecordError, NotFoundError, MissingKeyError) as error:
         problem(ProblemKind.READ_FAILED, str(error))
+    except MetadataCorruptError:
+        raise
+    except IntegrityError as error:
+        # A frame that fails authentication, its checksum or its header: the message names segment and frame.
+        problem(ProblemKind.CORRUPT_FRAME, str(error))
 
 
 async def _check_objects(
