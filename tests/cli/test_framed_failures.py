@@ -22,8 +22,12 @@ from tests.cli.framed import (
     write_keyring,
 )
 from tests.cli.helpers import CliResult, Node
+from tests.cli.test_framed_readers import INDEX_DIR, config_of
 from tests.cli.test_restore import TOPIC
+from tieredstore.config import ReadPolicy
+from tieredstore.errors import IntegrityError
 from tieredstore.providers.codec import HEADER_SIZE
+from tieredstore.store import TieredMessageStore
 
 MESSAGES = 200
 INTEGRITY_EXIT = 5
@@ -89,7 +93,7 @@ def flip_inside_a_frame(node: Node, request: pytest.FixtureRequest, sizes: list[
     return sealed["key"], next(n for n in range(MESSAGES) if sum(sizes[:n]) == start)
 
 
-def assert_flip_is_found(node: Node, request: pytest.FixtureRequest) -> None:
+def assert_flip_is_found(node: Node, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     produce_json(node, 0, MESSAGES)
     run_once(node)
     assert node("verify", "--deep").exit_code == 0
@@ -111,17 +115,58 @@ def assert_flip_is_found(node: Node, request: pytest.FixtureRequest) -> None:
     assert before.exit_code == 0, before.stderr
     assert orders(before) == orders(expected)[:first_changed] == list(range(first_changed))
 
+    # The library: cold storage alone raises; beside a hot store that still holds them, the right messages
+    # come from there (a failed cold read falls back to the other tier, with a warning).
+    config = config_of(node, monkeypatch)
+    with (
+        TieredMessageStore(config, read_policy=ReadPolicy.FORCE, hot=False) as cold_only,
+        pytest.raises(IntegrityError, match="frame at"),
+    ):
+        cold_only.get_messages(TOPIC, 0, first_changed, 5)
+    with TieredMessageStore(config, read_policy=ReadPolicy.FORCE) as store:
+        served = store.get_messages(TOPIC, 0, first_changed, 5).messages
+    assert [(m.tier, json.loads(m.body)["order"]) for m in served] == [
+        ("hot", n) for n in range(first_changed, first_changed + 5)
+    ]
+
 
 def test_a_flipped_byte_in_a_sealed_frame_is_found_by_verify_and_refused_by_read(
-    framed_node: Node, request: pytest.FixtureRequest
+    framed_node: Node, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert_flip_is_found(framed_node, request)
+    assert_flip_is_found(framed_node, request, monkeypatch)
 
 
 @pytest.mark.parametrize("pair", BACKEND_PAIRS)
 def test_a_flipped_byte_in_a_compressed_only_frame_is_caught_by_its_checksum(
-    pair: str, request: pytest.FixtureRequest, tmp_path: Path
+    pair: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = backend_node(pair, request, tmp_path / "node")
     use_codec(node, codec_env("zstd"))
-    assert_flip_is_found(node, request)
+    assert_flip_is_found(node, request, monkeypatch)
+
+
+def test_a_flipped_byte_in_an_uploaded_key_index_file_is_found_by_deep_verify_and_query_key(
+    framed_node: Node, request: pytest.FixtureRequest
+) -> None:
+    node = framed_node
+    produce_json(node, 0, MESSAGES)
+    run_once(node)
+    objects = cold_objects(node, request)
+    index_files = sorted({key.rsplit("/", 1)[0] for key in objects.listed() if key.startswith(INDEX_DIR)})
+    assert len(index_files) >= 3 and all(objects.is_framed(key) for key in index_files)
+    assert node("verify", "--deep").exit_code == 0
+    for index_file in index_files:
+        chunk = objects.chunks(index_file)[-1]
+        data = bytearray(objects.read(chunk))
+        data[-1] ^= 0x01  # the GCM tag (or zstd's checksum): nothing but authentication covers it
+        objects.write(chunk, bytes(data))
+
+    assert node("verify").exit_code == 0  # sizes still agree: only reading the frames can tell
+    deep = node("verify", "--deep", output="json")
+    assert deep.exit_code == INTEGRITY_EXIT, deep.stdout
+    problems = deep.json()["problems"]
+    assert sorted((p["kind"], p["file_type"], p["location"]) for p in problems) == [
+        ("CORRUPT_FRAME", "INDEX", key) for key in index_files
+    ]
+    node.hot_dir.rename(node.data_dir / "hot-away")  # the hot store's own key index would answer first
+    assert_one_line_integrity_error(node("query-key", TOPIC, "order-0-7", output="json"), "fails authentication")
