@@ -22,6 +22,7 @@ from tests.cli.framed import (
     write_keyring,
 )
 from tests.cli.helpers import CliResult, Node
+from tests.cli.test_db_rebuild import drop_database
 from tests.cli.test_framed_readers import INDEX_DIR, config_of
 from tests.cli.test_restore import TOPIC
 from tieredstore.config import ReadPolicy
@@ -75,6 +76,17 @@ def test_a_keyring_without_the_key_or_with_other_material_under_its_id_is_an_int
     assert_one_line_integrity_error(wrong, repr(KEY_ID))
     assert wrong.stdout == ""
     assert_one_line_integrity_error(node("verify", "--deep"), repr(KEY_ID))
+
+    # The metadata lost too: a rebuild from cold storage refuses with the same one line and writes nothing,
+    # so it runs again once the right keyring is back.
+    drop_database(node, node.metadata_url or "")
+    for keyring in (other, impostor):
+        use_codec(node, codec_env("zstd", keyring))
+        assert_one_line_integrity_error(node("db", "rebuild", "--from-cold"), repr(KEY_ID))
+    use_codec(node, codec_env("zstd", tmp_path / "keyring.toml", KEY_ID))  # the node's own keyring
+    rebuilt = node("db", "rebuild", "--from-cold", output="json")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    assert orders(read_cold(node)) == list(range(MESSAGES))
 
 
 def flip_inside_a_frame(node: Node, request: pytest.FixtureRequest, sizes: list[int]) -> tuple[str, int]:
