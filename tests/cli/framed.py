@@ -8,6 +8,7 @@ stored, file or object, the way an operator (or an attacker) with access to the 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.cli.conftest import SMALL_FILES
-from tests.cli.helpers import Node
+from tests.cli.helpers import Node, put_jsonl
 from tests.cli.test_restore import TOPIC
 from tieredstore.providers.codec import DESCRIPTOR_NAME
 
@@ -136,19 +137,15 @@ def plain_twin(node: Node, tmp_path: Path) -> Node:
 
 def produce_json(node: Node, queue_id: int, count: int, first: int = 0) -> None:
     """``count`` small JSON messages, each with a key of its own (``order-<queue>-<n>``)."""
-    lines = [
-        f'{{"body": "{{\\"order\\": {n}, \\"queue\\": {queue_id}, \\"item\\": \\"widget-{n % 13}\\"}}", '
-        f'"keys": ["order-{queue_id}-{n}"], "tags": "paid"}}'
+    items = [
+        {
+            "body": json.dumps({"order": n, "queue": queue_id, "item": f"widget-{n % 13}"}),
+            "keys": [f"order-{queue_id}-{n}"],
+            "tags": "paid",
+        }
         for n in range(first, first + count)
     ]
-    result = node("put", TOPIC, str(queue_id), "--jsonl", input="\n".join(lines) + "\n", output="json")
-    assert result.exit_code == 0, result.stderr
-    assert result.json()["count"] == count
-
-
-def run_once(node: Node) -> None:
-    result = node("run", "--once")
-    assert result.exit_code == 0, result.stderr
+    put_jsonl(node, TOPIC, queue_id, items)
 
 
 def segment_keys(node: Node, queue_id: int = 0) -> dict[str, list[str]]:

@@ -17,14 +17,13 @@ from tests.cli.framed import (
     cold_objects,
     framed_node_on,
     produce_json,
-    run_once,
     use_codec,
     write_keyring,
 )
 from tests.cli.helpers import CliResult, Node
 from tests.cli.test_db_rebuild import drop_database
 from tests.cli.test_framed_readers import INDEX_DIR, config_of
-from tests.cli.test_restore import TOPIC
+from tests.cli.test_restore import TOPIC, archive
 from tieredstore.config import ReadPolicy
 from tieredstore.errors import IntegrityError
 from tieredstore.providers.codec import HEADER_SIZE
@@ -59,7 +58,7 @@ def test_a_keyring_without_the_key_or_with_other_material_under_its_id_is_an_int
 ) -> None:
     node = framed_node
     produce_json(node, 0, MESSAGES)
-    run_once(node)
+    archive(node)
     assert orders(read_cold(node)) == list(range(MESSAGES))
 
     other = write_keyring(tmp_path / "other.toml", {"another-key": os.urandom(32)})
@@ -107,7 +106,7 @@ def flip_inside_a_frame(node: Node, request: pytest.FixtureRequest, sizes: list[
 
 def assert_flip_is_found(node: Node, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     produce_json(node, 0, MESSAGES)
-    run_once(node)
+    archive(node)
     assert node("verify", "--deep").exit_code == 0
     expected = read_cold(node)
     sealed_key, first_changed = flip_inside_a_frame(node, request, [line["size"] for line in expected.json_lines()])
@@ -162,7 +161,7 @@ def test_a_flipped_byte_in_an_uploaded_key_index_file_is_found_by_deep_verify_an
 ) -> None:
     node = framed_node
     produce_json(node, 0, MESSAGES)
-    run_once(node)
+    archive(node)
     objects = cold_objects(node, request)
     index_files = sorted({key.rsplit("/", 1)[0] for key in objects.listed() if key.startswith(INDEX_DIR)})
     assert len(index_files) >= 3 and all(objects.is_framed(key) for key in index_files)

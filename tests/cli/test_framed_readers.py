@@ -19,13 +19,12 @@ from tests.cli.framed import (
     framed_node_on,
     plain_twin,
     produce_json,
-    run_once,
     segment_keys,
     use_codec,
 )
 from tests.cli.helpers import Node, hot_records, without_physical_offset
 from tests.cli.test_db_rebuild import drop_database
-from tests.cli.test_restore import TOPIC
+from tests.cli.test_restore import TOPIC, archive
 from tests.cli.test_scrub import wait_past
 from tieredstore.config import ReadPolicy, TieredStoreConfig, load_config
 from tieredstore.fetcher import GetMessageStatus
@@ -73,7 +72,7 @@ def cold_messages(node: Node, monkeypatch: pytest.MonkeyPatch, queue_id: int) ->
 def archived(node: Node) -> None:
     for queue_id, count in COUNTS.items():
         produce_json(node, queue_id, count)
-    run_once(node)
+    archive(node)
 
 
 def assert_framed(node: Node, objects: ColdObjects) -> None:
@@ -114,8 +113,8 @@ def test_the_fetcher_and_restore_return_what_an_unframed_archive_of_the_same_mes
     for queue_id, count in COUNTS.items():
         produce_json(node, queue_id, count)
     twin = plain_twin(node, tmp_path)
-    run_once(node)
-    run_once(twin)
+    archive(node)
+    archive(twin)
     assert_framed(node, cold_objects(node, request))
     assert not any(key.endswith(".codec") for key in cold_objects(twin, request).listed())
 
@@ -223,7 +222,7 @@ def test_a_topic_switched_from_none_to_zstd_and_back_reads_back_whole(
     for number, (compression, env) in enumerate(phases):
         use_codec(node, env)
         produce_json(node, 0, 150, first=150 * number)
-        run_once(node)
+        archive(node)
         keys = {key for kind in segment_keys(node).values() for key in kind}
         created = keys - seen
         seen |= keys
