@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -86,9 +87,11 @@ def assert_framed(node: Node, objects: ColdObjects) -> None:
     assert not [key for key in stored if b"widget-" in objects.read(key) or b"order-0-" in objects.read(key)]
 
 
-def segment_rows(node: Node) -> list[tuple[str, int, int, str]]:
-    """Both queues' segment rows as a rebuild can tell them: key, base offset, size and status."""
-    rows = [row for queue_id in COUNTS for row in node("segments", TOPIC, str(queue_id), output="json").json()["rows"]]
+def segment_rows(node: Node, queue_ids: Iterable[int] = COUNTS) -> list[tuple[str, int, int, str]]:
+    """The queues' segment rows as a rebuild can tell them: key, base offset, size and status."""
+    rows = [
+        row for queue_id in queue_ids for row in node("segments", TOPIC, str(queue_id), output="json").json()["rows"]
+    ]
     return sorted((row["key"], row["base_offset"], row["size"], row["status"]) for row in rows)
 
 
@@ -218,19 +221,23 @@ def test_a_topic_switched_from_none_to_zstd_and_back_reads_back_whole(
     # The last phase writes unframed segments again but still holds the key that opens the middle ones.
     phases[2][1]["TIEREDSTORE_ENCRYPTION__KEYRING_FILE"] = str(keyring)
     objects = cold_objects(node, request)
-    seen: set[str] = set()
+    framed: dict[str, bool] = {}
+    sizes: dict[str, int] = {}
+    continued = 0
     for number, (compression, env) in enumerate(phases):
         use_codec(node, env)
         produce_json(node, 0, 150, first=150 * number)
         archive(node)
-        keys = {key for kind in segment_keys(node).values() for key in kind}
-        created = keys - seen
-        seen |= keys
-        assert {kind for kind, kinds in segment_keys(node).items() if created & set(kinds)} == {
-            "COMMIT_LOG",
-            "CONSUME_QUEUE",
-        }, "each phase rolls both files"
+        rows = {key: size for key, _, size, _ in segment_rows(node, [0])}
+        created = rows.keys() - framed.keys()
+        assert {key.split("/")[-2] for key in created} == {"COMMIT_LOG", "CONSUME_QUEUE"}, "both files rolled"
         assert {objects.is_framed(key) for key in created} == {compression == "zstd"}, number
+        # A segment written before the switch and continued after it keeps the format it was created with.
+        continued += sum(1 for key, size in sizes.items() if rows[key] > size)
+        assert {key: objects.is_framed(key) for key in framed} == framed, number
+        framed.update({key: objects.is_framed(key) for key in created})
+        sizes = rows
+    assert continued >= 2, "each switch found a segment open"
 
     deep = node("verify", "--deep", output="json")
     assert deep.exit_code == 0, deep.stdout
