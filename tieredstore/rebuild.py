@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tieredstore.errors import CorruptRecordError, IntegrityError, NotFoundError
@@ -107,6 +108,18 @@ class RebuildReport:
 Progress = Callable[[int, int], None]
 
 
+@contextmanager
+def _first_failure() -> Iterator[None]:
+    """A task group's failure raised as its first error: callers, and the CLI's exit codes, know that one."""
+    try:
+        yield
+    except BaseExceptionGroup as failures:
+        first: BaseException = failures
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from failures
+
+
 async def rebuild_metadata(
     provider: Provider,
     target: MetadataStore,
@@ -144,8 +157,9 @@ async def rebuild_metadata(
             return rebuilt
 
         # A task group: when one queue fails, the others stop before the scratch database closes.
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(folder)) for folder in folders]
+        with _first_failure():
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(folder)) for folder in folders]
         report.queues = [queue for task in tasks if (queue := task.result()) is not None]
         index_files = await _rebuild_index_catalogue(provider, scratch, cluster, broker, now, report.skipped, limit)
         report.index_files = len(index_files)
@@ -348,9 +362,10 @@ async def _rebuild_index_catalogue(
 
     for namespace in namespaces:
         path = namespace_path(root, namespace)
-        async with asyncio.TaskGroup() as group:
-            for file_id in await provider.list_segments(path, FileType.INDEX):
-                group.create_task(one(path, file_id))
+        with _first_failure():
+            async with asyncio.TaskGroup() as group:
+                for file_id in await provider.list_segments(path, FileType.INDEX):
+                    group.create_task(one(path, file_id))
     return catalogued
 
 

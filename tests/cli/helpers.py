@@ -61,6 +61,14 @@ class Node:
         return invoke([*prefix, *args], input=input, env=self.env)
 
 
+def put_jsonl(node: Node, topic: str, queue_id: int, items: Sequence[Mapping[str, Any]]) -> None:
+    """Put ``items`` (``put --jsonl`` objects) into one queue; every one of them lands."""
+    lines = "".join(json.dumps(item) + "\n" for item in items)
+    result = node("put", topic, str(queue_id), "--jsonl", input=lines, output="json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["count"] == len(items)
+
+
 def invoke(args: Sequence[str], *, input: str | bytes | None = None, env: Mapping[str, str] | None = None) -> CliResult:
     runner = CliRunner()
     with runner.isolation(input=input, env=dict(env or {})) as streams:

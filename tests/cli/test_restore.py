@@ -6,22 +6,20 @@ import base64
 import json
 import shutil
 
-from tests.cli.helpers import Node, hot_records, without_physical_offset
+from tests.cli.helpers import Node, hot_records, put_jsonl, without_physical_offset
 from tieredstore.formats.message import decode
 
 TOPIC = "Orders"
 
 
 def produce(node: Node, queue_id: int, count: int) -> None:
-    lines = []
+    items = []
     for index in range(count):
         text = f"order {queue_id}-{index}".encode()
         body = bytes([index % 256, 0xFF, 0xFE]) * (index % 7) if index % 5 == 0 else text
         item = {"body_base64": base64.b64encode(body).decode(), "keys": [f"order-{queue_id}-{index}"], "tags": "paid"}
-        lines.append(json.dumps(item))
-    result = node("put", TOPIC, str(queue_id), "--jsonl", input="\n".join(lines) + "\n", output="json")
-    assert result.exit_code == 0, result.stderr
-    assert result.json()["count"] == count
+        items.append(item)
+    put_jsonl(node, TOPIC, queue_id, items)
 
 
 def archive(node: Node) -> None:

@@ -6,7 +6,8 @@ queue spans the recorded offsets (OFFSET_RANGE), and no object exists that metad
 account for (ORPHAN_OBJECT, also whole topic or queue folders). Then the exactly-once invariant:
 consume-queue units tile the commit log contiguously up to its end (COMMIT_LOG_GAP,
 COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking its CRC, size,
-queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``). Every kind named here is a
+queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``); a compressed or encrypted frame
+that does not authenticate or decode is CORRUPT_FRAME, where the queue's walk stops. Every kind named here is a
 ``ProblemKind``, the one vocabulary this command, the checker and the JSON output share.
 
 Offsets the hot store lost before they were archived are a recorded hole in the consume queue
@@ -23,7 +24,8 @@ recovery under leases cuts orphan bytes by sealing the segment there instead of 
 
 Checking everything (no TOPIC) also checks the key index of every namespace: each uploaded index
 file has its object with the recorded size (MISSING_OBJECT, SIZE_MISMATCH), and no INDEX object
-exists that the catalogue does not know (ORPHAN_OBJECT). An object of a file still SEALED is an
+exists that the catalogue does not know (ORPHAN_OBJECT); ``deep`` reads each one through, so a frame of
+it that does not authenticate or decode is CORRUPT_FRAME. An object of a file still SEALED is an
 upload in progress: a note.
 """
 
@@ -39,7 +41,15 @@ import typer
 from tieredstore.basics import check_queue_id
 from tieredstore.cli.app import IntegrityFailure, app, state
 from tieredstore.cli.common import checked_topic, run
-from tieredstore.errors import CorruptRecordError, NotFoundError, SegmentNotFoundError, ValidationError
+from tieredstore.errors import (
+    CorruptRecordError,
+    IntegrityError,
+    MetadataCorruptError,
+    MissingKeyError,
+    NotFoundError,
+    SegmentNotFoundError,
+    ValidationError,
+)
 from tieredstore.flat.checker import ProblemKind, check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -57,10 +67,13 @@ from tieredstore.orphans import (
     uncatalogued_index_files,
     unrecorded_segments,
 )
+from tieredstore.providers.base import FileSegment
 from tieredstore.read.archived import LIVE_STATUSES, archived_queue, archived_range, segment_rows
 from tieredstore.read.node import ReadNode, open_read_node
 
 UNIT_BATCH = 8192
+# How much of an index file deep verify reads at once: memory stays bounded whatever the file's size.
+INDEX_READ_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +171,8 @@ async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
             segment = node.provider.segment(FileType.INDEX, folder, file_id, commit_position=record.size)
             real = await segment.real_size()
             if real == record.size:
+                if report.deep:
+                    await _read_index_file(segment, record.size, key, file_id, report)
                 continue
             recorded = f"the key index records {record.size} bytes"
             if real == 0 and record.size > 0:
@@ -182,6 +197,19 @@ async def _verify_key_index(node: ReadNode, report: VerifyReport) -> None:
             if known is not None and known.status is not IndexFileStatus.UPLOAD:
                 key = segment_key(folder, FileType.INDEX, file_id)
                 report.notes.append(f"{key}: index file {known.status.value}, its upload is in progress")
+
+
+async def _read_index_file(segment: FileSegment, size: int, key: str, file_id: int, report: VerifyReport) -> None:
+    """Read an uploaded index file through, so that each of its frames is authenticated and decoded."""
+    try:
+        for position in range(0, size, INDEX_READ_BYTES):
+            await segment.read(position, min(INDEX_READ_BYTES, size - position))
+    except MetadataCorruptError:
+        raise
+    except IntegrityError as error:
+        report.problems.append(
+            Problem(ProblemKind.CORRUPT_FRAME, key, str(error), file_type=FileType.INDEX.value, base_offset=file_id)
+        )
 
 
 async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyReport) -> None:
@@ -217,8 +245,13 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
             report.units += held
         else:
             await _walk_units(flat_file, report, problem)
-    except (SegmentNotFoundError, CorruptRecordError, NotFoundError) as error:
+    except (SegmentNotFoundError, CorruptRecordError, NotFoundError, MissingKeyError) as error:
         problem(ProblemKind.READ_FAILED, str(error))
+    except MetadataCorruptError:
+        raise
+    except IntegrityError as error:
+        # A frame that fails authentication, its checksum or its header: the message names segment and frame.
+        problem(ProblemKind.CORRUPT_FRAME, str(error))
 
 
 async def _check_objects(

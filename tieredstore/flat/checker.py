@@ -47,6 +47,7 @@ class ProblemKind(enum.StrEnum):
     COMMIT_LOG_OVERLAP = "COMMIT_LOG_OVERLAP"  # two units share bytes: a message archived twice
     COMMIT_LOG_MISSING = "COMMIT_LOG_MISSING"  # a unit points past the durable commit log
     CORRUPT_RECORD = "CORRUPT_RECORD"  # bad magic, length or CRC
+    CORRUPT_FRAME = "CORRUPT_FRAME"  # a compressed or encrypted frame that does not authenticate or decode
     SIZE_MISMATCH = "SIZE_MISMATCH"  # the unit's size is not the record's TOTALSIZE
     QUEUE_OFFSET_MISMATCH = "QUEUE_OFFSET_MISMATCH"  # the record says another queue offset
     PHYSICAL_OFFSET_MISMATCH = "PHYSICAL_OFFSET_MISMATCH"  # PHYSICALOFFSET is not where the record is
