@@ -236,9 +236,10 @@ class ChunkedSegment(FileSegment):
         self._before_write = before_write
         self._known_run: list[Chunk] | None = None
         self._codecs = codecs if codecs is not None else Codecs()
-        # The framed format once known; _format_known False: not learned yet (nothing read or written).
+        # Whether the segment is framed (None: not learned yet), and its format, read from ``.codec`` only
+        # when a frame is decoded or written: sizing a segment needs no key.
+        self._framed: bool | None = None
         self._format: SegmentFormat | None = None
-        self._format_known = False
         self._decoded: tuple[int, bytes] | None = None  # the last frame decoded: windows straddle frames
 
     def _chunk_key(self, start: int) -> str:
@@ -256,11 +257,11 @@ class ChunkedSegment(FileSegment):
         objects = await self._store.list_files(self.key)
         chunks = chunks_in(objects)
         if any(info.name == DESCRIPTOR_NAME for info in objects):
-            await self._learn_format()
+            self._framed = True
             run = await self._framed_run(chunks)
         else:
             if chunks:
-                self._format, self._format_known = None, True
+                self._framed = False
             run = contiguous_run(chunks)
         self._known_run = run
         return run
@@ -273,7 +274,7 @@ class ChunkedSegment(FileSegment):
             except SegmentNotFoundError as error:
                 raise IntegrityError(f"{where}: a framed chunk but no {DESCRIPTOR_NAME} object") from error
             self._format = parse_descriptor(descriptor, self._codecs.keyring, where)
-        self._format_known = True
+        self._framed = True
         return self._format
 
     async def _framed_run(self, chunks: Sequence[Chunk]) -> list[Chunk]:
@@ -330,7 +331,7 @@ class ChunkedSegment(FileSegment):
         ordered = [chunk.name for chunk in reversed(chunks)]
         ordered += sorted(others, key=lambda name: name == CREATED_MARKER)
         await self._store.delete([f"{self.key}/{name}" for name in ordered])
-        self._format, self._format_known = None, False
+        self._format, self._framed = None, None
 
     async def _read(self, position: int, length: int) -> bytes:
         run = self._known_run
@@ -339,7 +340,7 @@ class ChunkedSegment(FileSegment):
             slices = slices_for(await self._load_run(), position, length)
         if not slices:
             raise SegmentNotFoundError(f"{self.key}: storage no longer holds bytes {position}..{position + length}")
-        if self._format is not None:
+        if self._framed:
             frames = await asyncio.gather(*(self._frame(s.chunk) for s in slices))
             return b"".join(frame[s.offset : s.offset + s.length] for frame, s in zip(frames, slices, strict=True))
         parts = await asyncio.gather(
@@ -364,7 +365,7 @@ class ChunkedSegment(FileSegment):
         if not slices:
             raise SegmentNotFoundError(f"{self.key}: storage no longer holds byte {position}")
         holding = slices[0]
-        if self._format is not None:
+        if self._framed:
             frame = await self._frame(holding.chunk)
             return frame[holding.offset : holding.offset + length]
         return await self._store.get_range(
@@ -373,11 +374,11 @@ class ChunkedSegment(FileSegment):
 
     async def _read_by_name(self, position: int, length: int) -> bytes:
         key = self._chunk_key(position)
-        if self._format is not None:
+        if self._framed:
             blob = await self._store.get_range(key, 0, WHOLE)
         else:
             blob = await self._store.get_range(key, 0, length)
-            if self._format_known or not is_frame(blob):
+            if self._framed is False or not is_frame(blob):
                 return blob
             if len(blob) >= length:  # only the frame's head: its rest is fetched beside the descriptor
                 _, rest = await asyncio.gather(self._learn_format(), self._store.get_range(key, len(blob), WHOLE))
@@ -396,12 +397,10 @@ class ChunkedSegment(FileSegment):
     async def _writing_format(self, position: int) -> SegmentFormat | None:
         """The format a commit at ``position`` writes in: the segment's own once known, else the codec
         policy's for a new segment (its ``.codec`` written first; one already there wins)."""
-        if self._format_known:
-            return self._format
-        if position > 0:
+        if self._framed is None and position > 0:
             await self._load_run()
-            if self._format_known:
-                return self._format
+        if self._framed is not None:
+            return await self._learn_format() if self._framed else None
         codec = self._codecs.for_segment(self.segment_id)
         if codec is None:
             return None
@@ -409,7 +408,7 @@ class ChunkedSegment(FileSegment):
         if not await self._store.put_if_absent(f"{self.key}/{DESCRIPTOR_NAME}", chosen.descriptor()):
             self._format = None
             return await self._learn_format()  # another attempt's descriptor: its data key holds
-        self._format, self._format_known = chosen, True
+        self._format, self._framed = chosen, True
         return chosen
 
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
