@@ -215,3 +215,37 @@ def test_a_store_opens_without_importing_alembic(metadata_url: str, tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_key_ids_are_added_empty_to_existing_rows_and_a_downgrade_drops_them(metadata_url: str) -> None:
+    upgrade(metadata_url, "0003_retention_seconds")
+    engine = create_metadata_engine(metadata_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO segments (path, file_type, base_offset, size, status, created_timestamp) "
+                    "VALUES ('c/b/Orders/0', 'COMMIT_LOG', 0, 10, 'SEALED', 0)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO index_files (name, status, item_count, size, created, updated) "
+                    "VALUES ('c/b/rmq_sys_INDEX/0/1', 'UPLOAD', 1, 10, 0, 0)"
+                )
+            )
+        upgrade(metadata_url)
+        with MetadataStore(metadata_url) as store:
+            segment = store.get_segment("c/b/Orders/0", "COMMIT_LOG", 0)
+            assert (segment.size, segment.key_id) == (10, None)  # written before encryption existed
+            assert store.get_index_file("c/b/rmq_sys_INDEX/0/1").key_id is None
+            store.update_index_file("c/b/rmq_sys_INDEX/0/1", key_id="k1")
+        downgrade(metadata_url, "0003_retention_seconds")
+        with engine.connect() as connection:
+            columns = {
+                c["name"] for table in ("segments", "index_files") for c in inspect(connection).get_columns(table)
+            }
+            kept = connection.execute(text("SELECT size FROM segments")).scalar_one()
+        assert "key_id" not in columns and kept == 10
+    finally:
+        engine.dispose()
