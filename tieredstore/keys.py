@@ -296,9 +296,15 @@ async def rotate_keys(
         if progress is not None:
             progress(done, len(files))
 
-    async with asyncio.TaskGroup() as group:
-        for file in files:
-            group.create_task(one(file))
+    tasks = [asyncio.ensure_future(one(file)) for file in files]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # The first failure is the one reported, as it is (not in a group); the rest stop with it.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     report.seconds = time.perf_counter() - started
     return report
 

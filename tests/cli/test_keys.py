@@ -159,6 +159,9 @@ def test_the_archiver_refuses_to_start_when_the_keyring_lacks_a_key_still_in_use
     assert key(1) not in line and key(2) not in line
     listed = keys_listed(node)
     assert listed["k1"]["in_keyring"] is False and listed["k1"]["segments"] == segments
+    stuck = node("keys", "rotate")  # nothing can re-wrap a data key whose wrapping key is gone
+    assert stuck.exit_code == EXIT_INTEGRITY, stuck.stderr
+    assert "which the keyring does not hold" in one_error_line(stuck.stderr), stuck.stderr
 
 
 def test_a_wrong_key_under_the_same_id_is_an_integrity_error_in_one_line(node: Node) -> None:
