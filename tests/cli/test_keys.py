@@ -7,17 +7,21 @@ passes them; every test archives zstd-compressed, encrypted segments on each bac
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.cli.helpers import Node
 from tests.cli.test_db_rebuild import UPLOAD_INDEX_AT_ONCE, drop_database
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.cli.app import EXIT_CONFIG, EXIT_INTEGRITY
-from tieredstore.config import TieredStoreConfig
+from tieredstore.config import TieredStoreConfig, load_config
+from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import FileType, queue_path, segment_key
+from tieredstore.store import AsyncTieredMessageStore
 
 KEYS_VARIABLE = "TS_TEST_KEYRING"
 MESSAGES = 150
@@ -143,7 +147,18 @@ def test_rotate_to_a_key_the_keyring_lacks_is_refused_in_one_line(node: Node) ->
     assert set(key_ids(node)["segments"]) == {"k1"}
 
 
-def test_the_archiver_refuses_to_start_when_the_keyring_lacks_a_key_still_in_use(node: Node) -> None:
+async def archive_in_process(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open the library's store as an in-process archiver (``owns_cold``) with the node's settings."""
+    for name, value in node.env.items():
+        monkeypatch.setenv(name, value)
+    flags = {"data_dir": node.data_dir, "cold_url": node.cold_url, "metadata_url": node.metadata_url}
+    async with AsyncTieredMessageStore.open(load_config(None, **flags), owns_cold=True):
+        pass
+
+
+def test_the_archiver_refuses_to_start_when_the_keyring_lacks_a_key_still_in_use(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_keys(node, "k1", k1=key(1))
     archived(node)
     segments = len(key_ids(node)["segments"])
@@ -159,6 +174,9 @@ def test_the_archiver_refuses_to_start_when_the_keyring_lacks_a_key_still_in_use
     assert key(1) not in line and key(2) not in line
     listed = keys_listed(node)
     assert listed["k1"]["in_keyring"] is False and listed["k1"]["segments"] == segments
+    with pytest.raises(ConfigError) as caught:
+        asyncio.run(archive_in_process(node, monkeypatch))
+    assert str(caught.value) == line.removeprefix("tieredstore: error: ")
     stuck = node("keys", "rotate")  # nothing can re-wrap a data key whose wrapping key is gone
     assert stuck.exit_code == EXIT_INTEGRITY, stuck.stderr
     assert "which the keyring does not hold" in one_error_line(stuck.stderr), stuck.stderr
