@@ -27,7 +27,13 @@ from pathlib import Path
 from tieredstore.config import ColdSettings, EncryptionSettings, TieredStoreConfig
 from tieredstore.errors import ConfigError, NotFoundError, SegmentNotFoundError
 from tieredstore.formats.naming import FileType, topic_of_path
-from tieredstore.metadata import IndexFileRecord, IndexFileStatus, MetadataStore, SegmentUpdate
+from tieredstore.metadata import (
+    LIVE_SEGMENT_STATUSES,
+    IndexFileRecord,
+    IndexFileStatus,
+    MetadataStore,
+    SegmentUpdate,
+)
 from tieredstore.providers.base import Provider, SegmentId
 from tieredstore.providers.chunked_provider import ChunkedProvider
 from tieredstore.providers.chunks import WHOLE, ObjectStore
@@ -233,7 +239,8 @@ async def stored_key_id(provider: Provider, segment_id: SegmentId) -> str | None
 
 @dataclass
 class RotationReport:
-    """What ``rotate_keys`` did: files re-wrapped under ``key_id``, and files with nothing stored yet."""
+    """What ``rotate_keys`` did: files re-wrapped under ``key_id``, and files with nothing to re-wrap (started
+    but not written yet, or removed by retention meanwhile)."""
 
     key_id: str
     segments: int = 0
@@ -283,7 +290,12 @@ async def rotate_keys(
         nonlocal done
         async with limit:
             sid = file.segment_id
-            wrapped = await provider.segment(sid.file_type, sid.path, sid.base_offset).rewrap(keyring, target)
+            # Checked again just before: retention may have removed it since the listing, and a descriptor
+            # written after that would be left behind in storage.
+            if not await asyncio.to_thread(_still_live, metadata, file):
+                wrapped: str | None = None
+            else:
+                wrapped = await provider.segment(sid.file_type, sid.path, sid.base_offset).rewrap(keyring, target)
             if wrapped is None:
                 report.not_stored += 1  # started, nothing written yet: its first commit wraps under the active key
             else:
@@ -307,6 +319,16 @@ async def rotate_keys(
         raise
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _still_live(metadata: MetadataStore, file: WrappedFile) -> bool:
+    try:
+        if file.index_file is not None:
+            return metadata.get_index_file(file.index_file).status is IndexFileStatus.UPLOAD
+        sid = file.segment_id
+        return metadata.get_segment(sid.path, sid.file_type.value, sid.base_offset).status in LIVE_SEGMENT_STATUSES
+    except NotFoundError:
+        return False
 
 
 def _record_key_id(metadata: MetadataStore, file: WrappedFile, key_id: str) -> None:

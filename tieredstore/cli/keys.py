@@ -104,7 +104,11 @@ def _print_rotation(cli: CliState, report: RotationReport) -> None:
     if cli.output.is_json:
         cli.output.json(summary)
         return
-    pending = f"; {report.not_stored} started but not written yet" if report.not_stored else ""
+    pending = (
+        f"; {report.not_stored} with nothing to re-wrap (not written yet, or removed meanwhile)"
+        if report.not_stored
+        else ""
+    )
     cli.output.line(
         f"keys rotate: re-wrapped {report.segments} segments and {report.index_files} index files under "
         f"key {report.key_id} in {report.seconds:.1f}s{pending}"
