@@ -27,7 +27,7 @@ UPGRADE_COMMAND = "tieredstore db upgrade --metadata-url"
 # The newest packaged revision, known without Alembic: every store open checks the database against
 # it, and importing Alembic's script machinery for that would add ~0.4 s to every CLI command. A
 # test holds it equal to the packaged migrations' head; Alembic is asked only when they differ.
-HEAD = "0003_retention_seconds"
+HEAD = "0004_key_ids"
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

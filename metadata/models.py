@@ -154,6 +154,8 @@ class Segment(Base):
     begin_timestamp: Mapped[int | None] = mapped_column(BigInteger)
     end_timestamp: Mapped[int | None] = mapped_column(BigInteger)
     sealed_timestamp: Mapped[int | None] = mapped_column(BigInteger)
+    # The key-encryption key wrapping the segment's data key; None when it is not encrypted.
+    key_id: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
 
 
 class IndexFile(Base):
@@ -172,3 +174,5 @@ class IndexFile(Base):
     size: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created: Mapped[int] = mapped_column(BigInteger)
     updated: Mapped[int] = mapped_column(BigInteger)
+    # The key-encryption key wrapping the uploaded file's data key; None when it is not encrypted.
+    key_id: Mapped[str | None] = mapped_column(String(NAME_LENGTH))

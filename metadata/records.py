@@ -24,7 +24,7 @@ from tieredstore.metadata.models import (
 LIVE_SEGMENT_STATUSES = (SegmentStatus.NEW, SegmentStatus.SEALED)
 SegmentKey = tuple[str, str, int]
 # The segment columns a SegmentUpdate may set.
-SEGMENT_UPDATE_COLUMNS = ("size", "status", "begin_timestamp", "end_timestamp", "sealed_timestamp")
+SEGMENT_UPDATE_COLUMNS = ("size", "status", "begin_timestamp", "end_timestamp", "sealed_timestamp", "key_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,7 @@ class SegmentRecord:
     begin_timestamp: int | None
     end_timestamp: int | None
     sealed_timestamp: int | None
+    key_id: str | None = None  # the key-encryption key wrapping its data key; None: not encrypted
 
     @property
     def key(self) -> SegmentKey:
@@ -87,6 +88,7 @@ class SegmentUpdate:
     begin_timestamp: int | None = None
     end_timestamp: int | None = None
     sealed_timestamp: int | None = None
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class IndexFileRecord:
     size: int
     created: int
     updated: int
+    key_id: str | None = None  # the key-encryption key wrapping the uploaded file's data key
 
 
 def reserve_seconds_of(reserve_hours: float) -> int:
@@ -151,6 +154,7 @@ def segment_record(row: Segment | Row[Any]) -> SegmentRecord:
         begin_timestamp=row.begin_timestamp,
         end_timestamp=row.end_timestamp,
         sealed_timestamp=row.sealed_timestamp,
+        key_id=row.key_id,
     )
 
 
@@ -164,6 +168,7 @@ def index_file_record(row: IndexFile) -> IndexFileRecord:
         size=row.size,
         created=row.created,
         updated=row.updated,
+        key_id=row.key_id,
     )
 
 

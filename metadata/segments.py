@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import cache
 
-from sqlalchemy import BindParameter, Select, Update, bindparam, delete, or_, select, update
+from sqlalchemy import BindParameter, Select, Update, bindparam, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session
 
@@ -87,11 +87,13 @@ class SegmentRows:
         created_timestamp: int | None = None,
         queue: QueueKey | None = None,
         expected_epoch: int | None = None,
+        key_id: str | None = None,
     ) -> SegmentRecord:
         """Record a NEW, empty segment (before any byte is written to it).
 
         A DELETED row with the same key is reused: after orphan removal a segment can be created
         again at the offset of one that was removed. With ``expected_epoch``, refused unless ``queue`` is at it.
+        ``key_id`` names the key-encryption key that will wrap its data key (None: not encrypted).
         """
         kind = file_type_of(file_type)
         check_offset("base offset", base_offset)
@@ -112,6 +114,7 @@ class SegmentRows:
             row.begin_timestamp = begin_timestamp
             row.end_timestamp = begin_timestamp
             row.sealed_timestamp = None
+            row.key_id = key_id
             session.flush()
             return segment_record(row)
 
@@ -181,6 +184,30 @@ class SegmentRows:
             for row in session.scalars(statement):
                 grouped.setdefault((row.path, row.file_type), []).append(segment_record(row))
         return grouped
+
+    def list_segments_wrapped_outside(self, key_ids: Iterable[str]) -> list[SegmentRecord]:
+        """Live encrypted segments whose data key a key other than ``key_ids`` wraps, by path and offset."""
+        statement = (
+            select(Segment)
+            .where(
+                Segment.status.in_(list(LIVE_SEGMENT_STATUSES)),
+                Segment.key_id.is_not(None),
+                Segment.key_id.not_in(list(key_ids)),
+            )
+            .order_by(Segment.path, Segment.file_type, Segment.base_offset)
+        )
+        with self._db.reading("list segments by key") as session:
+            return [segment_record(row) for row in session.scalars(statement)]
+
+    def count_segments_by_key(self) -> dict[str, int]:
+        """How many live encrypted segments each key-encryption key wraps."""
+        statement = (
+            select(Segment.key_id, func.count())
+            .where(Segment.status.in_(list(LIVE_SEGMENT_STATUSES)), Segment.key_id.is_not(None))
+            .group_by(Segment.key_id)
+        )
+        with self._db.reading("count segments by key") as session:
+            return {str(key_id): int(count) for key_id, count in session.execute(statement)}
 
     def delete_segment(
         self,
@@ -257,7 +284,9 @@ class IndexFileRows:
         end_timestamp: int | None = None,
         item_count: int | None = None,
         size: int | None = None,
+        key_id: str | None = None,
     ) -> IndexFileRecord:
+        """Set the given columns of one index file's row (None leaves a column as it is)."""
         with self._db.writing("update an index file") as session:
             row = session.scalar(select(IndexFile).where(IndexFile.name == name))
             if row is None:
@@ -268,6 +297,7 @@ class IndexFileRows:
                 "end_timestamp": end_timestamp,
                 "item_count": item_count,
                 "size": size,
+                "key_id": key_id,
             }
             for column, value in changes.items():
                 if value is not None:

@@ -12,7 +12,8 @@ exactly as a restart cuts them. Time ranges come from the records: a segment's f
 store time, read with a few ranged reads each, never whole segments (but for a commit-log segment whose
 last record no unit points at, which only retention running ahead on the consume queue leaves).
 Uploaded key-index files are catalogued from their compacted headers (time range, item count), and each
-topic gets back the id the index items name it by (``_recover_topic_ids``).
+topic gets back the id the index items name it by (``_recover_topic_ids``). Which key wraps an encrypted
+segment's data key comes from its ``.codec`` object, read without unwrapping (one small read each).
 
 All of it is built in a scratch in-memory database first and copied into the target in one transaction
 that refuses a target holding any row: the target gets the whole rebuild or nothing. What cold storage
@@ -52,8 +53,9 @@ from tieredstore.index.format import (
     decode_compacted_item_run,
 )
 from tieredstore.index.service import IndexFileRecord, IndexFileStatus, namespace_path, stored_namespaces
+from tieredstore.keys import stored_key_id
 from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
-from tieredstore.providers.base import Provider
+from tieredstore.providers.base import Provider, SegmentId
 
 SCRATCH_URL = "sqlite://"
 DEFAULT_CONCURRENCY = 16
@@ -194,15 +196,9 @@ async def _rebuild_queue(flat: FlatFileStore, folder: QueueFolder, now: int, ski
             skipped.append(f"{folder.path}: no segment holding a record")
             return None
         min_offset = max_offset = first  # nothing archived: recovery removes the unreferenced records
-    await asyncio.to_thread(
-        _record_listed,
-        scratch,
-        folder,
-        min_offset,
-        max_offset,
-        {FileType.CONSUME_QUEUE: consume_queue, FileType.COMMIT_LOG: commit_log},
-        now,
-    )
+    files = {FileType.CONSUME_QUEUE: consume_queue, FileType.COMMIT_LOG: commit_log}
+    key_ids = await _stored_key_ids(provider, folder.path, files)
+    await asyncio.to_thread(_record_listed, scratch, folder, min_offset, max_offset, files, key_ids, now)
     # The archiver's restart recovery, on rows that describe the queue as a crash would leave it.
     await flat.get_or_create(folder.topic, folder.queue_id)
     recovery = flat.pop_recovery(folder.topic, folder.queue_id)
@@ -233,12 +229,24 @@ async def _first_queue_offset(provider: Provider, path: str, commit_log: Sequenc
     return None
 
 
+async def _stored_key_ids(
+    provider: Provider, path: str, files: dict[FileType, list[ListedSegment]]
+) -> dict[tuple[FileType, int], str | None]:
+    """Which key wraps each listed segment's data key, as its ``.codec`` says (None: not encrypted)."""
+    ids = [
+        SegmentId(file_type, path, listed.base_offset) for file_type, segments in files.items() for listed in segments
+    ]
+    found = await asyncio.gather(*(stored_key_id(provider, sid) for sid in ids))
+    return {(sid.file_type, sid.base_offset): key_id for sid, key_id in zip(ids, found, strict=True)}
+
+
 def _record_listed(
     scratch: MetadataStore,
     folder: QueueFolder,
     min_offset: int,
     max_offset: int,
     files: dict[FileType, list[ListedSegment]],
+    key_ids: dict[tuple[FileType, int], str | None],
     now: int,
 ) -> None:
     """The listed segments as rows: every one but a file's last SEALED, the last NEW, as the archiver leaves them."""
@@ -257,6 +265,7 @@ def _record_listed(
                     size=listed.size,
                     status=SegmentStatus.NEW if last else SegmentStatus.SEALED,
                     sealed_timestamp=None if last else now,
+                    key_id=key_ids.get((file_type, listed.base_offset)),
                 )
             )
 
@@ -394,6 +403,7 @@ async def _uploaded_index_file(
         end_timestamp=header.end_timestamp,
         item_count=header.item_count,
         size=size,
+        key_id=await stored_key_id(provider, segment.segment_id),
     )
 
 

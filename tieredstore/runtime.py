@@ -24,7 +24,7 @@ from tieredstore.index import IndexService
 from tieredstore.index.catalogue import MetadataIndexCatalogue
 from tieredstore.index.namespaces import KeyIndex, NamespaceClaim, claim_namespace
 from tieredstore.index.service import namespace_path
-from tieredstore.keys import cold_codecs
+from tieredstore.keys import cold_codecs, require_keys
 from tieredstore.local.config import LocalStoreConfig
 from tieredstore.local.follower import HotStoreFollower
 from tieredstore.local.hot_reader import HotReader
@@ -183,7 +183,9 @@ async def open_runtime(
     recovery, a read-only key index), which is what every process but the archiver must do.
     ``shared_index`` (archivers that share queues by lease) claims a key-index namespace of this
     process's own instead of writing the broker's root one (``tieredstore.index.namespaces``).
-    A cold owner first has the provider check that storage refuses a second conditional create
+    A cold owner beside a hot store (an archiver) first checks that the keyring holds every key that wraps
+    a live segment or uploaded index file (``tieredstore.keys.require_keys``, ConfigError otherwise).
+    A cold owner also has the provider check that storage refuses a second conditional create
     (ConditionalWritesUnsupportedError before anything is written); readers do not.
     Everything is closed in reverse order on exit, also when opening
     a later part fails.
@@ -195,6 +197,9 @@ async def open_runtime(
         provider = open_cold_provider(config)
         stack.push_async_callback(provider.close)
         await provider.prepare()
+        if cold_owner and hot:
+            # An archiver refuses to start rather than fail on the first segment its keyring cannot open.
+            await asyncio.to_thread(require_keys, provider.codecs.keyring, metadata)
         if cold_owner:
             await check_conditional_writes(provider, metrics)
         # What the archiver writes (flat files, key index) goes through its watchdog and upload budget.

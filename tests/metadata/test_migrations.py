@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import alembic.op
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from tieredstore.errors import ConfigError, SchemaVersionError
 from tieredstore.metadata import MetadataStore, check_schema, current, downgrade, head, migrate, upgrade
@@ -118,18 +120,28 @@ def test_store_opens_a_database_at_head(metadata_url: str) -> None:
         assert store.get_or_create_topic("TopicA").reserve_hours == 72
 
 
-def test_topic_retentions_in_hours_become_seconds_and_a_downgrade_rounds_up_to_hours(metadata_url: str) -> None:
-    upgrade(metadata_url, "0002_archivers")
+@contextmanager
+def _engine_at(metadata_url: str, revision: str, *inserts: str) -> Iterator[Engine]:
+    """The database migrated to ``revision`` holding the rows ``inserts`` add, then migrated to head."""
+    upgrade(metadata_url, revision)
     engine = create_metadata_engine(metadata_url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "INSERT INTO topics (name, reserve_hours, status, created, updated) "
-                    "VALUES ('Kept', 5, 'ACTIVE', 0, 0), ('Default', 72, 'ACTIVE', 0, 0)"
-                )
-            )
+            for insert in inserts:
+                connection.execute(text(insert))
         upgrade(metadata_url)
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def test_topic_retentions_in_hours_become_seconds_and_a_downgrade_rounds_up_to_hours(metadata_url: str) -> None:
+    with _engine_at(
+        metadata_url,
+        "0002_archivers",
+        "INSERT INTO topics (name, reserve_hours, status, created, updated) "
+        "VALUES ('Kept', 5, 'ACTIVE', 0, 0), ('Default', 72, 'ACTIVE', 0, 0)",
+    ) as engine:
         with MetadataStore(metadata_url) as store:
             assert {t.name: t.reserve_seconds for t in store.list_topics()} == {"Kept": 5 * 3600, "Default": 72 * 3600}
             assert store.get_topic("Kept").reserve_hours == 5
@@ -138,8 +150,6 @@ def test_topic_retentions_in_hours_become_seconds_and_a_downgrade_rounds_up_to_h
         with engine.connect() as connection:
             rows = connection.execute(text("SELECT name, reserve_hours FROM topics ORDER BY name")).all()
         assert [tuple(row) for row in rows] == [("Default", 72), ("Kept", 1)]
-    finally:
-        engine.dispose()
 
 
 def test_refusal_hides_the_password(postgres_url: str) -> None:
@@ -215,3 +225,26 @@ def test_a_store_opens_without_importing_alembic(metadata_url: str, tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_key_ids_are_added_empty_to_existing_rows_and_a_downgrade_drops_them(metadata_url: str) -> None:
+    with _engine_at(
+        metadata_url,
+        "0003_retention_seconds",
+        "INSERT INTO segments (path, file_type, base_offset, size, status, created_timestamp) "
+        "VALUES ('c/b/Orders/0', 'COMMIT_LOG', 0, 10, 'SEALED', 0)",
+        "INSERT INTO index_files (name, status, item_count, size, created, updated) "
+        "VALUES ('c/b/rmq_sys_INDEX/0/1', 'UPLOAD', 1, 10, 0, 0)",
+    ) as engine:
+        with MetadataStore(metadata_url) as store:
+            segment = store.get_segment("c/b/Orders/0", "COMMIT_LOG", 0)
+            assert (segment.size, segment.key_id) == (10, None)  # written before encryption existed
+            assert store.get_index_file("c/b/rmq_sys_INDEX/0/1").key_id is None
+            store.update_index_file("c/b/rmq_sys_INDEX/0/1", key_id="k1")
+        downgrade(metadata_url, "0003_retention_seconds")
+        with engine.connect() as connection:
+            columns = {
+                c["name"] for table in ("segments", "index_files") for c in inspect(connection).get_columns(table)
+            }
+            kept = connection.execute(text("SELECT size FROM segments")).scalar_one()
+        assert "key_id" not in columns and kept == 10

@@ -63,7 +63,9 @@ def test_every_command_has_a_section_in_the_cli_reference(cli_sections: dict[str
     assert missing == []
 
 
-@pytest.mark.parametrize("path", [("restore",), ("run",), ("db", "rebuild"), ("topic", "set-retention")])
+@pytest.mark.parametrize(
+    "path", [("restore",), ("run",), ("db", "rebuild"), ("topic", "set-retention"), ("keys", "rotate")]
+)
 def test_a_commands_options_are_in_its_section(path: tuple[str, ...], cli_sections: dict[str, str]) -> None:
     # --help as a user sees it is the independent account of what the command accepts.
     shown = CliRunner().invoke(app, [*path, "--help"], terminal_width=200)

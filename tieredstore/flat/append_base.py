@@ -14,7 +14,7 @@ from tieredstore.basics import QueueKey, now_ms
 from tieredstore.errors import ReadOnlyError, ValidationError
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import LeaseHold, MetadataStore, SegmentStatus, SegmentUpdate
-from tieredstore.providers.base import FileSegment, Provider
+from tieredstore.providers.base import FileSegment, Provider, SegmentId
 
 if TYPE_CHECKING:
     from tieredstore.flat.append_file import FlatAppendFile
@@ -216,6 +216,10 @@ class AppendFileBase:
         self._recorded_sizes[segment.base_offset] = segment.commit_position
 
     async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
+        # Recorded before any byte is written, so that no encrypted segment is ever without its key id.
+        codecs = self.provider.codecs
+        codec = codecs.for_segment(SegmentId(self.file_type, self.path, base_offset))
+        key_id = codecs.keyring.active if codec is not None and codec.encrypt else None
         await asyncio.to_thread(
             self.metadata.add_segment,
             self.path,
@@ -224,6 +228,7 @@ class AppendFileBase:
             begin_timestamp=timestamp,
             queue=self.queue,
             expected_epoch=self._held_epoch(),
+            key_id=key_id,
         )
         segment = self.provider.segment(self.file_type, self.path, base_offset, max_size=self.max_segment_size)
         self.segments.append(segment)

@@ -46,6 +46,7 @@ class MetadataIndexCatalogue:
             end_timestamp=row.end_timestamp,
             item_count=row.item_count,
             size=row.size,
+            key_id=row.key_id,
         )
 
     def list_files(self) -> list[IndexFileRecord]:
@@ -72,6 +73,7 @@ class MetadataIndexCatalogue:
             end_timestamp=record.end_timestamp,
             item_count=record.item_count,
             size=record.size,
+            key_id=record.key_id,
         )
 
     def remove(self, file_id: int) -> None:

@@ -39,6 +39,7 @@ class IndexFileRecord:
     end_timestamp: int | None = None
     item_count: int = 0
     size: int = 0
+    key_id: str | None = None  # the key-encryption key wrapping the uploaded file's data key
 
     def overlaps(self, begin_timestamp: int, end_timestamp: int) -> bool:
         """Whether any item of this file can lie in [begin, end] (an empty file overlaps nothing)."""

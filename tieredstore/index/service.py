@@ -43,7 +43,7 @@ from tieredstore.index.records import IndexFileStatus as IndexFileStatus
 from tieredstore.index.records import JsonIndexCatalogue as JsonIndexCatalogue
 from tieredstore.index.records import MemoryIndexCatalogue as MemoryIndexCatalogue
 from tieredstore.index.retention import IndexRetention
-from tieredstore.providers.base import Provider
+from tieredstore.providers.base import FileSegment, Provider
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +311,7 @@ class IndexService(IndexLookups, IndexRetention):
             end_timestamp=header.end_timestamp,
             item_count=header.item_count,
             size=size,
+            key_id=_wrapping_key_id(self.provider, segment),
         )
         async with self._write_lock:
             await asyncio.to_thread(self._save, uploaded)
@@ -320,6 +321,12 @@ class IndexService(IndexLookups, IndexRetention):
     def _read_compacted_header(path: Path) -> CompactedHeader:
         with CompactedIndexFile(path) as compacted:
             return compacted.header
+
+
+def _wrapping_key_id(provider: Provider, segment: FileSegment) -> str | None:
+    """The key id the provider's codecs wrap a new segment's data key under; None when they do not encrypt."""
+    codec = provider.codecs.for_segment(segment.segment_id)
+    return provider.codecs.keyring.active if codec is not None and codec.encrypt else None
 
 
 def _read_range(path: Path, position: int, length: int) -> bytes:
