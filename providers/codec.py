@@ -32,7 +32,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieredstore.errors import ConfigError, DecryptionError, IntegrityError, MissingExtraError, MissingKeyError
+from tieredstore.errors import (
+    ConfigError,
+    DecryptionError,
+    IntegrityError,
+    MissingExtraError,
+    MissingKeyError,
+    WrongKeyError,
+)
 
 MAGIC = b"\xf5TSF"
 VERSION = 1
@@ -149,9 +156,7 @@ class Keyring:
         try:
             return bytes(keywrap.aes_key_unwrap(material, wrapped.wrapped))
         except keywrap.InvalidUnwrap as error:
-            raise DecryptionError(
-                f"{where}: key {wrapped.key_id!r} does not unwrap its data key (wrong key)"
-            ) from error
+            raise WrongKeyError(f"{where}: key {wrapped.key_id!r} does not unwrap its data key (wrong key)") from error
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@
     ├── IntegrityError                           bytes that do not decode: bad magic, length or CRC
     │   ├── CorruptRecordError                   names where the bad record is
     │   ├── DecryptionError                      a cold frame that fails authentication: wrong key or changed bytes
+    │   │   └── WrongKeyError                    the keyring's key of a segment's key id does not unwrap its data key
     │   ├── MissingKeyError                      the keyring lacks the key that wraps a segment's data key
     │   └── IntegrityFailure [cli.app]           a command's checks found problems it already printed
     ├── StorageError (OSError)                   the cold tier failed
@@ -117,6 +118,10 @@ class CorruptRecordError(IntegrityError):
 
 class DecryptionError(IntegrityError):
     """A frame of cold storage that does not authenticate or decode: a wrong key or changed bytes."""
+
+
+class WrongKeyError(DecryptionError):
+    """The keyring holds a key of the id that wraps a segment's data key, but other material: it does not unwrap."""
 
 
 class MissingKeyError(IntegrityError):

@@ -7,7 +7,8 @@ account for (ORPHAN_OBJECT, also whole topic or queue folders). Then the exactly
 consume-queue units tile the commit log contiguously up to its end (COMMIT_LOG_GAP,
 COMMIT_LOG_OVERLAP, ORPHAN_BYTES ...). ``deep`` reads every record as well, checking its CRC, size,
 queue offset, PHYSICALOFFSET and tag hash (``tieredstore.flat.checker``); a compressed or encrypted frame
-that does not authenticate or decode is CORRUPT_FRAME, where the queue's walk stops. Every kind named here is a
+that does not authenticate or decode is CORRUPT_FRAME, where the queue's walk stops; one whose key the keyring
+lacks (or holds other material under its id) is READ_FAILED. Every kind named here is a
 ``ProblemKind``, the one vocabulary this command, the checker and the JSON output share.
 
 Offsets the hot store lost before they were archived are a recorded hole in the consume queue
@@ -49,6 +50,7 @@ from tieredstore.errors import (
     NotFoundError,
     SegmentNotFoundError,
     ValidationError,
+    WrongKeyError,
 )
 from tieredstore.flat.checker import ProblemKind, check_queue_invariant
 from tieredstore.flat.message_file import FlatMessageFile
@@ -206,6 +208,10 @@ async def _read_index_file(segment: FileSegment, size: int, key: str, file_id: i
             await segment.read(position, min(INDEX_READ_BYTES, size - position))
     except MetadataCorruptError:
         raise
+    except (MissingKeyError, WrongKeyError) as error:
+        report.problems.append(
+            Problem(ProblemKind.READ_FAILED, key, str(error), file_type=FileType.INDEX.value, base_offset=file_id)
+        )
     except IntegrityError as error:
         report.problems.append(
             Problem(ProblemKind.CORRUPT_FRAME, key, str(error), file_type=FileType.INDEX.value, base_offset=file_id)
@@ -245,7 +251,7 @@ async def _verify_queue(node: ReadNode, position: QueuePosition, report: VerifyR
             report.units += held
         else:
             await _walk_units(flat_file, report, problem)
-    except (SegmentNotFoundError, CorruptRecordError, NotFoundError, MissingKeyError) as error:
+    except (SegmentNotFoundError, CorruptRecordError, NotFoundError, MissingKeyError, WrongKeyError) as error:
         problem(ProblemKind.READ_FAILED, str(error))
     except MetadataCorruptError:
         raise
