@@ -139,6 +139,8 @@ def _measure(ctx: BenchmarkContext) -> None:
                 config = config_for(
                     hot.data_dir,
                     cold_url=f"s3://{bucket}/archive",
+                    # Each archive its own metadata: the plain side's keyring holds no key of the sealed side's.
+                    metadata_url=f"sqlite:///{ctx.work_dir / bucket}.db",
                     s3=s3,
                     queues=len(topic_queues),
                     codecs=codec_sections(ctx.work_dir, compression=sealed, encrypt=sealed),

@@ -234,7 +234,7 @@ def test_the_key_stays_out_of_plans_logs_and_what_travels_to_executors(
         frame.explain(True)
         assert frame.count() == 105
         # A task fails: the executor logs its Python traceback.
-        with pytest.raises(PythonException, match="DecryptionError"):
+        with pytest.raises(PythonException, match="WrongKeyError"):
             _load(spark, posix_framed, "Small", keyring_file=wrong).collect()
     plan_text = capsys.readouterr().out
     assert "== Physical Plan ==" in plan_text and "BatchScan tieredstore" in plan_text
@@ -247,7 +247,7 @@ def test_the_key_stays_out_of_plans_logs_and_what_travels_to_executors(
 def test_a_missing_or_wrong_key_fails_naming_the_key(spark: SparkSession, posix_framed: FramedArchive) -> None:
     """In a task when the plan needed no read (Small), on the driver when it had to open a framed segment."""
     missing = f"MissingKeyError: .*wrapped by key '{KEY_ID}', which the keyring does not hold"
-    wrong = f"DecryptionError: .*key '{KEY_ID}' does not unwrap its data key"
+    wrong = f"WrongKeyError: .*key '{KEY_ID}' does not unwrap its data key"
     keyrings = {
         missing: posix_framed.keyring("other.toml", {"other": _key_text()}),
         wrong: posix_framed.keyring("wrong.toml", {KEY_ID: _key_text()}),
