@@ -15,8 +15,9 @@ The first byte 0xf5 cannot start an unframed chunk (a record's TOTALSIZE, a cons
 index file's first timestamp are all non-negative), so a reader that finds it knows what it holds.
 
 ``.codec`` is JSON: the compression and, for an encrypted segment, the id of the key-encryption key and the
-data key it wraps (RFC 3394 key wrap). Re-wrapping a data key under another key-encryption key replaces
-this one small object and leaves the data as it is.
+data key it wraps (RFC 3394 key wrap under a local key, or an AWS KMS ``Encrypt`` blob: ``providers.kms``).
+Re-wrapping a data key under another key-encryption key replaces this one small object and leaves the data
+as it is.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ wraps what.
 
 The keyring maps key ids to key-encryption keys (AES-256), read from a TOML file's ``[keys]`` table and
 from an environment variable of ``id=base64`` pairs; the material never leaves this module except into a
-``Keyring``, whose repr shows ids only. Every error names a key id or a file, never key material.
+``Keyring``, whose repr shows ids only. Every error names a key id or a file, never key material. Ids
+listed in ``kms_keys`` are AWS KMS keys instead, reached with the ``[s3]`` settings (``providers.kms``).
 
 Metadata records which key id wraps each live segment's and uploaded index file's data key
 (``key_id``): ``key_usage`` counts them, ``require_keys`` refuses an archiver whose keyring lacks one,
