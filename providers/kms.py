@@ -11,7 +11,7 @@ StorageUnavailableError (retried by the archiver). No credential or key material
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tieredstore.errors import MissingExtraError, MissingKeyError, StorageUnavailableError, WrongKeyError
@@ -70,22 +70,10 @@ class KmsKeys:
 
     def wrap(self, key_id: str, data_key: bytes, where: str) -> bytes:
         """``data_key`` encrypted by the KMS key behind ``key_id``: the blob that ``unwrap`` takes back."""
-        kms_key = self._keys[key_id]
-        reply = self._call(
-            key_id,
-            where,
-            lambda client: client.encrypt(KeyId=kms_key, Plaintext=data_key, EncryptionContext=ENCRYPTION_CONTEXT),
-        )
-        return bytes(reply["CiphertextBlob"])
+        return bytes(self._call(key_id, where, "encrypt", Plaintext=data_key)["CiphertextBlob"])
 
     def unwrap(self, key_id: str, wrapped: bytes, where: str) -> bytes:
-        kms_key = self._keys[key_id]
-        reply = self._call(
-            key_id,
-            where,
-            lambda client: client.decrypt(KeyId=kms_key, CiphertextBlob=wrapped, EncryptionContext=ENCRYPTION_CONTEXT),
-        )
-        return bytes(reply["Plaintext"])
+        return bytes(self._call(key_id, where, "decrypt", CiphertextBlob=wrapped)["Plaintext"])
 
     def _client_now(self) -> Any:
         with self._lock:
@@ -94,25 +82,24 @@ class KmsKeys:
                 options = self._options
                 self._client = botocore.session.get_session().create_client(
                     "kms",
-                    endpoint_url=options.endpoint_url,
-                    region_name=options.region,
-                    aws_access_key_id=options.access_key_id,
-                    aws_secret_access_key=options.secret_access_key,
-                    aws_session_token=options.session_token,
+                    **options.connection_arguments(),
                     config=botocore.config.Config(
                         connect_timeout=options.connect_timeout,
                         read_timeout=options.read_timeout,
+                        max_pool_connections=options.max_pool_connections,
                         retries={"total_max_attempts": options.max_attempts, "mode": "standard"},
                     ),
                 )
             return self._client
 
-    def _call(self, key_id: str, where: str, operation: Callable[[Any], Any]) -> Any:
+    def _call(self, key_id: str, where: str, operation: str, **arguments: bytes) -> Any:
+        """KMS ``operation`` on the key behind ``key_id`` with our encryption context, its failures translated."""
         botocore = _botocore()
         exceptions = botocore.exceptions
         what = f"{where}: KMS key {key_id!r}"
         try:
-            return operation(self._client_now())
+            call = getattr(self._client_now(), operation)
+            return call(KeyId=self._keys[key_id], EncryptionContext=ENCRYPTION_CONTEXT, **arguments)
         except exceptions.ClientError as error:
             code = str(error.response.get("Error", {}).get("Code", ""))
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)

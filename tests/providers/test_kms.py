@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from tests.fixtures.s3 import S3Server
@@ -29,13 +28,7 @@ DATA_KEY = bytes(range(32, 64))
 
 def kms_alias(s3_server: S3Server) -> str:
     """A new KMS key in moto, by a fresh alias."""
-    client = boto3.client(
-        "kms",
-        endpoint_url=s3_server.endpoint_url,
-        region_name=s3_server.region,
-        aws_access_key_id=s3_server.access_key_id,
-        aws_secret_access_key=s3_server.secret_access_key,
-    )
+    client = s3_server.client("kms")
     key_id = client.create_key(Description="tieredstore test")["KeyMetadata"]["KeyId"]
     alias = f"alias/tieredstore-{uuid.uuid4().hex[:12]}"
     client.create_alias(AliasName=alias, TargetKeyId=key_id)
