@@ -10,6 +10,7 @@ StorageUnavailableError (retried by the archiver). No credential or key material
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,14 @@ def _botocore() -> Any:
 def check_botocore() -> None:
     """MissingExtraError now, rather than at the first wrap, when KMS cannot be reached."""
     _botocore()
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class KmsKeys:
@@ -94,6 +103,9 @@ class KmsKeys:
 
     def _call(self, key_id: str, where: str, operation: str, **arguments: bytes) -> Any:
         """KMS ``operation`` on the key behind ``key_id`` with our encryption context, its failures translated."""
+        if _in_event_loop():
+            # A network call there would stall every queue the loop serves: a programming error, not an outage.
+            raise RuntimeError("KMS is called from worker threads only (asyncio.to_thread), never on the event loop")
         botocore = _botocore()
         exceptions = botocore.exceptions
         what = f"{where}: KMS key {key_id!r}"

@@ -3,6 +3,7 @@ sealed under a KMS key read back on S3 and on POSIX, and KMS failures are the ke
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -137,3 +138,11 @@ def test_a_keyring_of_local_and_kms_keys_shows_ids_only(s3_server: S3Server, ali
     assert_no_material(text, DATA_KEY, local)
     with pytest.raises(MissingKeyError, match="does not hold"):
         keyring.unwrap(WrappedKey("k-local", wrapped.wrapped), "seg")
+
+
+async def test_a_kms_call_on_the_event_loop_is_refused(s3_server: S3Server, alias: str) -> None:
+    keys = kms_keys(s3_server, **{"prod-2026": alias})
+    with pytest.raises(RuntimeError, match="never on the event loop"):
+        keys.wrap("prod-2026", DATA_KEY, "seg")
+    blob = await asyncio.to_thread(keys.wrap, "prod-2026", DATA_KEY, "seg")
+    assert await asyncio.to_thread(keys.unwrap, "prod-2026", blob, "seg") == DATA_KEY
