@@ -273,7 +273,8 @@ class ChunkedSegment(FileSegment):
                 descriptor = await self._store.get_range(f"{self.key}/{DESCRIPTOR_NAME}", 0, WHOLE)
             except SegmentNotFoundError as error:
                 raise IntegrityError(f"{where}: a framed chunk but no {DESCRIPTOR_NAME} object") from error
-            self._format = parse_descriptor(descriptor, self._codecs.keyring, where)
+            # In a worker thread: unwrapping may be a call to KMS.
+            self._format = await asyncio.to_thread(parse_descriptor, descriptor, self._codecs.keyring, where)
         self._framed = True
         return self._format
 
@@ -404,7 +405,7 @@ class ChunkedSegment(FileSegment):
         codec = self._codecs.for_segment(self.segment_id)
         if codec is None:
             return None
-        chosen = new_format(codec, self._codecs.keyring)
+        chosen = await asyncio.to_thread(new_format, codec, self._codecs.keyring, self.key)
         if not await self._store.put_if_absent(f"{self.key}/{DESCRIPTOR_NAME}", chosen.descriptor()):
             self._format = None
             return await self._learn_format()  # another attempt's descriptor: its data key holds
@@ -508,13 +509,13 @@ class ChunkedSegment(FileSegment):
             descriptor = await self._store.get_range(descriptor_key, 0, WHOLE)
         except SegmentNotFoundError:
             return None
-        current = parse_descriptor(descriptor, keyring, self.key)
+        current = await asyncio.to_thread(parse_descriptor, descriptor, keyring, self.key)
         if current.wrapped_key is None:
             return None
         target = key_id or keyring.active
         if current.wrapped_key.key_id == target:
             return target
-        rewrapped = current.rewrapped(keyring, target)
+        rewrapped = await asyncio.to_thread(current.rewrapped, keyring, target, self.key)
         await self._store.put(descriptor_key, rewrapped.descriptor())
         self._format = rewrapped
         return rewrapped.wrapped_key.key_id if rewrapped.wrapped_key else None

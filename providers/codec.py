@@ -15,8 +15,9 @@ The first byte 0xf5 cannot start an unframed chunk (a record's TOTALSIZE, a cons
 index file's first timestamp are all non-negative), so a reader that finds it knows what it holds.
 
 ``.codec`` is JSON: the compression and, for an encrypted segment, the id of the key-encryption key and the
-data key it wraps (RFC 3394 key wrap). Re-wrapping a data key under another key-encryption key replaces
-this one small object and leaves the data as it is.
+data key it wraps (RFC 3394 key wrap under a local key, or an AWS KMS ``Encrypt`` blob: ``providers.kms``).
+Re-wrapping a data key under another key-encryption key replaces this one small object and leaves the data
+as it is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tieredstore.errors import (
     ConfigError,
@@ -40,6 +41,9 @@ from tieredstore.errors import (
     MissingKeyError,
     WrongKeyError,
 )
+
+if TYPE_CHECKING:
+    from tieredstore.providers.kms import KmsKeys
 
 MAGIC = b"\xf5TSF"
 VERSION = 1
@@ -116,37 +120,55 @@ class WrappedKey:
 
 
 class Keyring:
-    """Key-encryption keys by id, and which one wraps new data keys. Never shows key material."""
+    """Key-encryption keys by id, and which one wraps new data keys. Never shows key material.
 
-    def __init__(self, keys: Mapping[str, bytes] | None = None, active: str | None = None) -> None:
+    A key is local (32 bytes of AES-256, RFC 3394 key wrap) or, through ``kms``, an AWS KMS key; the wrapped
+    data key is stored the same way for both, so rotation moves segments between them either way. A KMS key
+    makes a network call: wrap and unwrap only from worker threads.
+    """
+
+    def __init__(
+        self, keys: Mapping[str, bytes] | None = None, active: str | None = None, kms: KmsKeys | None = None
+    ) -> None:
         self._keys = dict(keys or {})
+        self._kms = kms
         for key_id, material in self._keys.items():
             if not key_id or len(material) != DATA_KEY_BYTES:
                 raise ConfigError(f"key {key_id!r} of the keyring must be {DATA_KEY_BYTES} bytes (AES-256)")
-        if active is not None and active not in self._keys:
+            if kms is not None and key_id in kms:
+                raise ConfigError(f"key {key_id!r} is both a local key and a KMS key: give it one of them")
+        if active is not None and active not in self:
             raise ConfigError(f"the active key {active!r} is not in the keyring (it holds {self.ids or 'no key'})")
         self.active = active
 
     @property
     def ids(self) -> list[str]:
-        return sorted(self._keys)
+        return sorted([*self._keys, *(self._kms.ids if self._kms is not None else [])])
+
+    @property
+    def kms_ids(self) -> list[str]:
+        return self._kms.ids if self._kms is not None else []
 
     def __contains__(self, key_id: object) -> bool:
-        return key_id in self._keys
+        return key_id in self._keys or (self._kms is not None and key_id in self._kms)
 
     def __repr__(self) -> str:
-        return f"Keyring(ids={self.ids!r}, active={self.active!r})"
+        return f"Keyring(ids={self.ids!r}, active={self.active!r}, kms={self.kms_ids!r})"
 
-    def wrap(self, data_key: bytes, key_id: str | None = None) -> WrappedKey:
+    def wrap(self, data_key: bytes, key_id: str | None = None, where: str = "a new data key") -> WrappedKey:
         """``data_key`` wrapped under ``key_id`` (the active key by default)."""
         chosen = key_id or self.active
         if chosen is None:
             raise ConfigError("no active key-encryption key: set [encryption] active_key")
+        if self._kms is not None and chosen in self._kms:
+            return WrappedKey(chosen, self._kms.wrap(chosen, data_key, where))
         if chosen not in self._keys:
             raise MissingKeyError(f"the keyring holds no key {chosen!r}")
         return WrappedKey(chosen, _keywrap().aes_key_wrap(self._keys[chosen], data_key))
 
     def unwrap(self, wrapped: WrappedKey, where: str) -> bytes:
+        if self._kms is not None and wrapped.key_id in self._kms:
+            return self._kms.unwrap(wrapped.key_id, wrapped.wrapped, where)
         material = self._keys.get(wrapped.key_id)
         if material is None:
             raise MissingKeyError(
@@ -191,11 +213,12 @@ class SegmentFormat:
             }
         return json.dumps(body, sort_keys=True).encode()
 
-    def rewrapped(self, keyring: Keyring, key_id: str | None = None) -> SegmentFormat:
+    def rewrapped(self, keyring: Keyring, key_id: str | None = None, where: str = "a data key") -> SegmentFormat:
         """The same format with its data key wrapped under ``key_id`` (the active key by default)."""
         if self.data_key is None:
             return self
-        return SegmentFormat(self.compression, keyring.wrap(self.data_key, key_id), self.data_key, self.level)
+        wrapped = keyring.wrap(self.data_key, key_id, where)
+        return SegmentFormat(self.compression, wrapped, self.data_key, self.level)
 
     def encode(self, data: bytes | bytearray | memoryview, where: str, start: int) -> bytes:
         flags = 0
@@ -302,12 +325,12 @@ def read_header(frame: bytes, where: str) -> tuple[int, int, bytes]:
     return length, flags, nonce
 
 
-def new_format(codec: WriteCodec, keyring: Keyring) -> SegmentFormat:
+def new_format(codec: WriteCodec, keyring: Keyring, where: str = "a new data key") -> SegmentFormat:
     """The format of a segment about to be written with ``codec``: a fresh data key when it encrypts."""
     if not codec.encrypt:
         return SegmentFormat(codec.compression, level=codec.level)
     data_key = os.urandom(DATA_KEY_BYTES)
-    return SegmentFormat(codec.compression, keyring.wrap(data_key), data_key, codec.level)
+    return SegmentFormat(codec.compression, keyring.wrap(data_key, where=where), data_key, codec.level)
 
 
 def parse_descriptor(data: bytes, keyring: Keyring, where: str) -> SegmentFormat:

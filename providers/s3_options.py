@@ -130,6 +130,16 @@ class S3Options:
         values.update(overrides)
         return cls(**values)
 
+    def connection_arguments(self) -> dict[str, str | None]:
+        """Where and as whom a botocore client connects (``create_client`` keywords): secrets, never to log."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "region_name": self.region,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "aws_session_token": self.session_token,
+        }
+
     def storage_class_arguments(self, file_type: FileType | None) -> dict[str, str]:
         """The PutObject argument that stores a chunk of ``file_type`` in its class; none for STANDARD
         (S3's own default) and for objects that are no chunk (markers, probes)."""

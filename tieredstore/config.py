@@ -371,6 +371,12 @@ class EncryptionSettings(_Section):
         description="the key id that wraps new segments' data keys; set, every new segment is encrypted "
         "(pip install 'tieredstore[encryption]')",
     )
+    kms_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="key ids that are AWS KMS keys: key id = KMS key id, ARN or alias (kms:Encrypt and kms:Decrypt "
+        "on it), reached with [s3]'s endpoint_url, region and credentials; one can be the active_key "
+        "(pip install 'tieredstore[s3]')",
+    )
 
     @pydantic.field_validator("keyring_file")
     @classmethod

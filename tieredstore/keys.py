@@ -3,7 +3,8 @@ wraps what.
 
 The keyring maps key ids to key-encryption keys (AES-256), read from a TOML file's ``[keys]`` table and
 from an environment variable of ``id=base64`` pairs; the material never leaves this module except into a
-``Keyring``, whose repr shows ids only. Every error names a key id or a file, never key material.
+``Keyring``, whose repr shows ids only. Every error names a key id or a file, never key material. Ids
+listed in ``kms_keys`` are AWS KMS keys instead, reached with the ``[s3]`` settings (``providers.kms``).
 
 Metadata records which key id wraps each live segment's and uploaded index file's data key
 (``key_id``): ``key_usage`` counts them, ``require_keys`` refuses an archiver whose keyring lacks one,
@@ -48,7 +49,9 @@ from tieredstore.providers.codec import (
     check_zstandard,
     descriptor_key_id,
 )
+from tieredstore.providers.kms import KmsKeys, check_botocore
 from tieredstore.providers.posix import PosixProvider
+from tieredstore.providers.s3_options import S3Options
 from tieredstore.providers.wrapper import WrappedProvider
 
 
@@ -94,19 +97,22 @@ def _environment_keys(name: str) -> dict[str, bytes]:
     return keys
 
 
-def load_keyring(settings: EncryptionSettings) -> Keyring:
-    """The keyring the settings name (the environment's keys win over the file's of the same id)."""
+def load_keyring(settings: EncryptionSettings, s3: S3Options | None = None) -> Keyring:
+    """The keyring the settings name (the environment's keys win over the file's of the same id); its KMS
+    keys, if any, are reached as ``s3`` says (endpoint, region, credentials), else by botocore's defaults."""
     keys: dict[str, bytes] = {}
     if settings.keyring_file is not None:
         keys.update(_file_keys(settings.keyring_file))
     if settings.keyring_env is not None:
         keys.update(_environment_keys(settings.keyring_env))
-    if settings.active_key is not None and settings.active_key not in keys:
+    ids = sorted({*keys, *settings.kms_keys})
+    if settings.active_key is not None and settings.active_key not in ids:
         raise ConfigError(
             f"encryption.active_key {settings.active_key!r} is not in the keyring"
-            + (f" (it holds {', '.join(sorted(keys))})" if keys else ": set encryption.keyring_file or keyring_env")
+            + (f" (it holds {', '.join(ids)})" if ids else ": set encryption.keyring_file, keyring_env or kms_keys")
         )
-    return Keyring(keys, settings.active_key)
+    kms = KmsKeys(settings.kms_keys, s3) if settings.kms_keys else None
+    return Keyring(keys, settings.active_key, kms)
 
 
 def write_policy(cold: ColdSettings, encrypt: bool) -> Callable[[SegmentId], WriteCodec | None]:
@@ -123,13 +129,15 @@ def write_policy(cold: ColdSettings, encrypt: bool) -> Callable[[SegmentId], Wri
 
 def cold_codecs(config: TieredStoreConfig) -> Codecs:
     """The codecs of the configured cold tier; the optional libraries they need are checked here, at start."""
-    keyring = load_keyring(config.encryption)
+    keyring = load_keyring(config.encryption, S3Options(**config.s3_options()))
     cold = config.cold
     compressions = {cold.compression, *cold.topic_compression.values()}
     if Compression.ZSTD in compressions:
         check_zstandard()
     if keyring.ids:
         check_cryptography()
+    if keyring.kms_ids:
+        check_botocore()
     return Codecs(keyring, write_policy(cold, encrypt=keyring.active is not None))
 
 
