@@ -250,9 +250,6 @@ class ChunkedSegment(FileSegment):
         """This segment's framed format, None while unframed or not known yet."""
         return self._format
 
-    async def _list_chunks(self) -> list[Chunk]:
-        return chunks_in(await self._store.list_files(self.key))
-
     async def _load_run(self) -> list[Chunk]:
         objects = await self._store.list_files(self.key)
         chunks = chunks_in(objects)
@@ -423,7 +420,7 @@ class ChunkedSegment(FileSegment):
             key = self._chunk_key(position)
             if await self._store.put_if_absent(key, data, file_type=self.file_type):
                 if not self._store.conditional_create:
-                    await self._check_written(key, position, data, data)
+                    await check_written(self._store, key, data, f"{self.key}: chunk at position {position}")
                 self._remember(Chunk(position, len(data)))
                 return
             # One byte more than ours tells a longer chunk apart from an equal one.
@@ -451,7 +448,7 @@ class ChunkedSegment(FileSegment):
             key = self._chunk_key(start)
             if await self._store.put_if_absent(key, frame, file_type=self.file_type):
                 if not self._store.conditional_create:
-                    await self._check_written(key, start, frame, piece)
+                    await check_written(self._store, key, frame, f"{self.key}: chunk at position {start}")
                 self._remember(Chunk(start, len(piece), len(frame)))
                 done += len(piece)
                 continue
@@ -466,17 +463,6 @@ class ChunkedSegment(FileSegment):
                 )
             self._remember(Chunk(start, len(existing), len(blob)))
             done += len(existing)
-
-    async def _check_written(self, key: str, position: int, stored: bytes | bytearray, data: object) -> None:
-        """Read a chunk back after writing it where storage does not refuse a second create: bytes other
-        than ours mean another writer replaced it, a conflict as a refused create would have been."""
-        del data
-        readback = await self._store.get_range(key, 0, len(stored) + 1)
-        if readback != stored:
-            raise CommitConflictError(
-                f"{self.key}: chunk at position {position} holds other bytes after our write: another writer "
-                "replaced it (this storage does not refuse to overwrite)"
-            )
 
     async def _truncate(self, size: int) -> None:
         self._known_run = None
@@ -504,18 +490,39 @@ class ChunkedSegment(FileSegment):
     async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
         """Wrap this segment's data key under ``key_id`` (the active key by default), replacing only its
         ``.codec`` object; returns the key id it is wrapped under now, None for an unencrypted segment."""
-        descriptor_key = f"{self.key}/{DESCRIPTOR_NAME}"
-        try:
-            descriptor = await self._store.get_range(descriptor_key, 0, WHOLE)
-        except SegmentNotFoundError:
+        rewrapped = await rewrap_descriptor(self._store, self.key, keyring, key_id)
+        if rewrapped is None or rewrapped.wrapped_key is None:
             return None
-        current = await asyncio.to_thread(parse_descriptor, descriptor, keyring, self.key)
-        if current.wrapped_key is None:
-            return None
-        target = key_id or keyring.active
-        if current.wrapped_key.key_id == target:
-            return target
-        rewrapped = await asyncio.to_thread(current.rewrapped, keyring, target, self.key)
-        await self._store.put(descriptor_key, rewrapped.descriptor())
         self._format = rewrapped
-        return rewrapped.wrapped_key.key_id if rewrapped.wrapped_key else None
+        return rewrapped.wrapped_key.key_id
+
+
+async def check_written(store: ObjectStore, key: str, stored: bytes | bytearray, where: str) -> None:
+    """Read a chunk back after writing it where storage does not refuse a second create: bytes other than
+    ours mean another writer replaced it, a conflict as a refused create would have been."""
+    readback = await store.get_range(key, 0, len(stored) + 1)
+    if readback != stored:
+        raise CommitConflictError(
+            f"{where} holds other bytes after our write: another writer replaced it (this storage does not "
+            "refuse to overwrite)"
+        )
+
+
+async def rewrap_descriptor(
+    store: ObjectStore, segment_key: str, keyring: Keyring, key_id: str | None
+) -> SegmentFormat | None:
+    """The segment's format with its data key wrapped under ``key_id`` (the active key by default), its
+    ``.codec`` replaced when that changed it; None for a segment without a descriptor."""
+    descriptor_key = f"{segment_key}/{DESCRIPTOR_NAME}"
+    try:
+        descriptor = await store.get_range(descriptor_key, 0, WHOLE)
+    except SegmentNotFoundError:
+        return None
+    # In a thread: a KMS key wraps and unwraps through a request.
+    current = await asyncio.to_thread(parse_descriptor, descriptor, keyring, segment_key)
+    target = key_id or keyring.active
+    if current.wrapped_key is None or current.wrapped_key.key_id == target:
+        return current
+    rewrapped = await asyncio.to_thread(current.rewrapped, keyring, target, segment_key)
+    await store.put(descriptor_key, rewrapped.descriptor())
+    return rewrapped
