@@ -23,6 +23,8 @@ from tieredstore.providers.kms import KmsKeys
 from tieredstore.providers.s3_options import S3Options
 from tieredstore.providers.testing import COMMIT_LOG, QUEUE, committed, payload
 from tieredstore.runtime import open_cold_provider
+from tieredstore.spark.options import ScanOptions
+from tieredstore.spark.session import open_scan_provider
 
 DATA_KEY = bytes(range(32, 64))
 
@@ -146,3 +148,35 @@ async def test_a_kms_call_on_the_event_loop_is_refused(s3_server: S3Server, alia
         keys.wrap("prod-2026", DATA_KEY, "seg")
     blob = await asyncio.to_thread(keys.wrap, "prod-2026", DATA_KEY, "seg")
     assert await asyncio.to_thread(keys.unwrap, "prod-2026", blob, "seg") == DATA_KEY
+
+
+async def test_the_spark_source_reads_a_kms_sealed_segment_through_its_own_s3_options(
+    s3_server: S3Server, s3_bucket_url: str, tmp_path: Path, alias: str
+) -> None:
+    config = load_config(
+        None,
+        data_dir=tmp_path,
+        cold_url=s3_bucket_url,
+        s3=s3_server.provider_options(),
+        encryption={"kms_keys": {"prod-2026": alias}, "active_key": "prod-2026"},
+    )
+    data = payload(30_000, 3)
+    writer = open_cold_provider(config)
+    await committed(writer.segment(COMMIT_LOG, QUEUE, 0), data)
+    await writer.close()
+    # What a Spark query gives: the KMS key's name, and S3 options that also say how to reach KMS.
+    options = ScanOptions.parse(
+        {
+            "path": "TopicTest",
+            "cold_url": s3_bucket_url,
+            "metadata_url": f"sqlite:///{tmp_path}/metadata.db",
+            "kms_keys": json.dumps({"prod-2026": alias}),
+            **s3_server.provider_options(),
+        }
+    )
+    assert "kms_keys=['prod-2026']" in repr(options) and s3_server.secret_access_key not in repr(options)
+    reader = open_scan_provider(options)
+    try:
+        assert await reader.segment(COMMIT_LOG, QUEUE, 0, commit_position=len(data)).read(0, len(data)) == data
+    finally:
+        await reader.close()

@@ -8,6 +8,7 @@ as ``cold_uri`` fails at ``load()`` instead of scanning the wrong place.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,14 @@ _SCAN_OPTIONS = (
 )
 # Where the keyring is, as in [encryption]: a path and a variable name travel to executors, never key material.
 _KEYRING_OPTIONS = ("keyring_file", "keyring_env")
+_KMS_OPTION = "kms_keys"
 KNOWN_OPTIONS = frozenset(
-    _SCAN_OPTIONS + _KEYRING_OPTIONS + _S3_TEXT_OPTIONS + _S3_SECRET_OPTIONS + tuple(_S3_NUMBER_OPTIONS)
+    _SCAN_OPTIONS
+    + _KEYRING_OPTIONS
+    + (_KMS_OPTION,)
+    + _S3_TEXT_OPTIONS
+    + _S3_SECRET_OPTIONS
+    + tuple(_S3_NUMBER_OPTIONS)
 )
 
 
@@ -115,7 +122,16 @@ def _provider_options(options: Mapping[str, str], cold_url: str) -> dict[str, An
 
 
 def _keyring(options: Mapping[str, str]) -> EncryptionSettings:
-    given = {name: str(options[name]).strip() for name in _KEYRING_OPTIONS if options.get(name) not in (None, "")}
+    given: dict[str, Any] = {
+        name: str(options[name]).strip() for name in _KEYRING_OPTIONS if options.get(name) not in (None, "")
+    }
+    kms_keys = options.get(_KMS_OPTION)
+    if kms_keys not in (None, ""):
+        # Names of KMS keys, not key material: key id -> KMS key id, ARN or alias, as in [encryption] kms_keys.
+        try:
+            given["kms_keys"] = json.loads(str(kms_keys))
+        except ValueError as error:
+            raise ConfigError('option kms_keys must be a JSON object, e.g. {"prod-2026": "alias/x"}') from error
     try:
         return EncryptionSettings.model_validate(given)
     except pydantic.ValidationError as error:
@@ -201,6 +217,7 @@ class ScanOptions:
     def _keyring_shown(self) -> str:
         file, env = self.keyring.keyring_file, self.keyring.keyring_env
         shown = ([f"keyring_file={str(file)!r}"] if file else []) + ([f"keyring_env={env!r}"] if env else [])
+        shown += [f"kms_keys={sorted(self.keyring.kms_keys)!r}"] if self.keyring.kms_keys else []
         return "".join(f", {part}" for part in shown)
 
     __str__ = __repr__

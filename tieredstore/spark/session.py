@@ -27,13 +27,16 @@ from tieredstore.keys import load_keyring
 from tieredstore.providers.base import Provider
 from tieredstore.providers.codec import Codecs, check_cryptography
 from tieredstore.providers.registry import open_provider
+from tieredstore.providers.s3_options import S3Options
 from tieredstore.spark.options import ScanOptions
 
 
 def scan_codecs(options: ScanOptions) -> Codecs:
     """The codecs framed segments are read with: the keyring ``options`` name, loaded in this process."""
     try:
-        keyring = load_keyring(options.keyring)
+        # KMS keys are reached as the cold tier's S3 options say (endpoint, region, credentials).
+        s3 = S3Options(**options.provider_options) if options.keyring.kms_keys else None
+        keyring = load_keyring(options.keyring, s3)
     except ConfigError as error:
         # A worker on another host may lack the file or the variable the driver has: say which host.
         raise ConfigError(f"tieredstore keyring on {socket.gethostname()}: {error}") from error
