@@ -108,10 +108,8 @@ def cold_read_s3_sealed(ctx: BenchmarkContext) -> None:
     _measure(ctx)
     ctx.note(
         "MB/s counts stored bytes on both sides (what crossed the wire); ours' `logical_bytes_read` is what it "
-        "returned. Ours' GET count comes from the moto server's log: per segment, its descriptor, every chunk "
-        "whole, and one more GET of the first chunk, read by name before the segment is known to be framed "
-        "(up to a read-ahead window, so the whole chunk) and fetched again once it is; the baseline's is one "
-        "per stored object. cpu_us_per_message is the reading "
+        "returned. Ours' GET count comes from the moto server's log, the baseline's is one per stored object. "
+        "cpu_us_per_message is the reading "
         "process's own CPU (decompressing and decrypting included; the moto server's is not in it)."
     )
 
