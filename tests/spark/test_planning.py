@@ -13,8 +13,9 @@ from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.formats.naming import FileType
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import FileSegment
-from tieredstore.providers.chunks import Chunk, ChunkedSegment
+from tieredstore.providers.chunks import ObjectInfo
 from tieredstore.providers.registry import open_provider
+from tieredstore.providers.s3 import S3ObjectStore
 from tieredstore.spark import ScanOptions, layout, plan_partitions, planning, read_partition
 from tieredstore.spark.filters import ScanFilter
 from tieredstore.spark.planning import PartitionPlan
@@ -82,19 +83,19 @@ def test_a_whole_queue_is_planned_without_listing_or_reading_its_consume_queue(
     """Each S3 request is on the driver before the job starts; a whole queue's range is in its segment rows."""
     listed: list[str] = []
     consume_queue_reads: list[str] = []
-    list_chunks = ChunkedSegment._list_chunks
+    list_files = S3ObjectStore.list_files
     read_from = FileSegment.read_from
 
-    async def counted(self: ChunkedSegment) -> list[Chunk]:
-        listed.append(self.key)
-        return await list_chunks(self)
+    async def counted(self: S3ObjectStore, folder: str) -> list[ObjectInfo]:
+        listed.append(folder)
+        return await list_files(self, folder)
 
     async def recorded(self: FileSegment, position: int, max_length: int) -> bytes:
         if self.file_type is FileType.CONSUME_QUEUE:
             consume_queue_reads.append(self.key)
         return await read_from(self, position, max_length)
 
-    monkeypatch.setattr(ChunkedSegment, "_list_chunks", counted)
+    monkeypatch.setattr(S3ObjectStore, "list_files", counted)
     monkeypatch.setattr(FileSegment, "read_from", recorded)
     planned = _plans(s3_archive, ScanFilter())
     queues = {plan.layout.path for plan in planned}
