@@ -29,6 +29,9 @@ BACKEND_PAIRS = [
     "s3-sqlite",
     pytest.param("s3-postgres", marks=pytest.mark.postgres),
 ]
+# POSIX with SQLite and S3 with PostgreSQL: every part of both axes in each test, at half the full matrix's
+# time, for the tests of failure modes (the readers' own test runs on all four pairs).
+DIAGONAL_PAIRS = ["posix-sqlite", pytest.param("s3-postgres", marks=pytest.mark.postgres)]
 # Small key-index files: a few hundred keys fill several, each sealed and uploaded by the run that filled it.
 SMALL_INDEX = {"TIEREDSTORE_INDEX__INDEX_MAX_ITEMS": "64", "TIEREDSTORE_INDEX__INDEX_SLOT_COUNT": "16"}
 

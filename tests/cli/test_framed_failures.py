@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.framed import (
-    BACKEND_PAIRS,
+    DIAGONAL_PAIRS,
     KEY_ID,
     backend_node,
     codec_env,
@@ -33,7 +33,7 @@ MESSAGES = 200
 INTEGRITY_EXIT = 5
 
 
-@pytest.fixture(params=BACKEND_PAIRS)
+@pytest.fixture(params=DIAGONAL_PAIRS)
 def framed_node(request: pytest.FixtureRequest, tmp_path: Path) -> Node:
     return framed_node_on(request.param, request, tmp_path)
 
@@ -155,7 +155,7 @@ def test_a_flipped_byte_in_a_sealed_frame_is_found_by_verify_and_refused_by_read
     assert_flip_is_found(framed_node, request, monkeypatch)
 
 
-@pytest.mark.parametrize("pair", BACKEND_PAIRS)
+@pytest.mark.parametrize("pair", DIAGONAL_PAIRS)
 def test_a_flipped_byte_in_a_compressed_only_frame_is_caught_by_its_checksum(
     pair: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

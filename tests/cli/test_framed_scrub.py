@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.framed import BACKEND_PAIRS, cold_objects, framed_node_on
+from tests.cli.framed import DIAGONAL_PAIRS, cold_objects, framed_node_on
 from tests.cli.helpers import Node
 from tests.cli.test_restore import TOPIC
 from tests.cli.test_scrub import MESSAGES, archived, config_of, found, plant, wait_past
 
 
-@pytest.fixture(params=BACKEND_PAIRS)
+@pytest.fixture(params=DIAGONAL_PAIRS)
 def framed_node(request: pytest.FixtureRequest, tmp_path: Path) -> Node:
     return framed_node_on(request.param, request, tmp_path)
 
