@@ -91,6 +91,16 @@ class ListsObjects(Protocol):
         ...
 
 
+@runtime_checkable
+class DeletesObjects(Protocol):
+    """A provider that deletes stored objects by key (every shipped one): for files that are not segments,
+    such as an Iceberg table's Parquet files under the cold URL."""
+
+    async def delete_objects(self, keys: Sequence[str]) -> None:
+        """Delete each object at ``keys`` (as ``list_objects`` names them); a missing one is no error."""
+        ...
+
+
 class FileSegment(abc.ABC):
     """One file of cold storage with buffered appends and a commit position.
 

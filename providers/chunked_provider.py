@@ -9,6 +9,7 @@ import abc
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 
 from tieredstore.errors import ConditionalWritesUnsupportedError, StorageError
 from tieredstore.formats.naming import FileType, parse_segment_name
@@ -95,6 +96,9 @@ class ChunkedProvider(Provider):
         check_logical_path(path, allow_root=True)
         # A segment is a folder of chunks here: nothing is stored at a segment's own key.
         return sorted(await self.store.list_tree(path), key=lambda stored: stored.key)
+
+    async def delete_objects(self, keys: Sequence[str]) -> None:
+        await self.store.delete([check_logical_path(key) for key in keys])
 
     async def check_conditional_writes(self) -> bool:
         if not self.store.conditional_create or self._conditional_create_checked:

@@ -5,6 +5,7 @@ Two providers built from the same URL see the same bytes, so a test can "restart
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from tieredstore.basics import now_ms
@@ -121,6 +122,11 @@ class MemoryProvider(Provider):
             for key, data in sorted(self.volume.items())
             if key == path or key.startswith(prefix)
         ]
+
+    async def delete_objects(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.volume.pop(check_logical_path(key), None)
+            self.volume.modified.pop(key, None)
 
     @staticmethod
     def wipe(name: str | None = None) -> None:

@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -353,6 +353,9 @@ class PosixProvider(Provider):
     async def list_children(self, path: str) -> list[str]:
         check_logical_path(path, allow_root=True)
         return sorted(await self._scan(path, directories=True))
+
+    async def delete_objects(self, keys: Sequence[str]) -> None:
+        await self.objects.delete([check_logical_path(key) for key in keys])
 
     async def list_objects(self, path: str) -> list[StoredObject]:
         check_logical_path(path, allow_root=True)

@@ -8,11 +8,12 @@ the seven storage calls to the inner segment, so a wrapper overrides only the ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from tieredstore.errors import StorageError
 from tieredstore.formats.naming import FileType
-from tieredstore.providers.base import FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.base import DeletesObjects, FileSegment, ListsObjects, Provider, StoredObject
 from tieredstore.providers.codec import Codecs, Keyring
 
 
@@ -101,6 +102,11 @@ class WrappedProvider(Provider):
         if not isinstance(self.inner, ListsObjects):
             raise StorageError(f"{self.inner!r} cannot list objects with their last-modified times")
         return await self.inner.list_objects(path)
+
+    async def delete_objects(self, keys: Sequence[str]) -> None:
+        if not isinstance(self.inner, DeletesObjects):
+            raise StorageError(f"{self.inner!r} cannot delete objects by key")
+        await self.inner.delete_objects(keys)
 
     async def prepare(self) -> None:
         await self.inner.prepare()

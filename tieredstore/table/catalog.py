@@ -1,0 +1,95 @@
+"""Opening the Iceberg catalog and naming each topic's table and where its files go.
+
+By default the catalog is pyiceberg's SQL catalog in the metadata database (SQLite or PostgreSQL through
+the same SQLAlchemy URL), so a deployment needs nothing new; ``[table] catalog_uri`` names an Iceberg REST
+catalog instead. Tables live under the cold URL, in ``TABLES_FOLDER``, on the same storage as the archive:
+the cold layout's top-level folders are all ``<md5 prefix>_<cluster>``, so no listing of the archive takes
+this one for a cluster, topic or queue.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tieredstore.config import TieredStoreConfig
+from tieredstore.errors import ConfigError, MetadataUnavailableError, MissingExtraError
+from tieredstore.metadata.engine import safe_url
+from tieredstore.providers.posix import root_from_url
+from tieredstore.providers.registry import redact_url, url_scheme
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+TABLES_FOLDER = "iceberg"
+CATALOG_NAME = "tieredstore"
+
+
+def _require_pyiceberg() -> None:
+    try:
+        import pyiceberg  # noqa: F401
+        import pyiceberg_core  # noqa: F401  (day partitioning of Arrow rows needs its transforms)
+    except ImportError as error:
+        raise MissingExtraError("Iceberg tables need pyiceberg: pip install 'tieredstore[table]'") from error
+
+
+def tables_root(config: TieredStoreConfig) -> str:
+    """The URL of the folder under the cold URL that holds every table (file:// or s3://)."""
+    cold_url = config.effective_cold_url
+    scheme = url_scheme(cold_url)
+    if scheme == "file":
+        return f"file://{root_from_url(cold_url)}/{TABLES_FOLDER}"
+    if scheme == "s3":
+        return f"{cold_url.rstrip('/')}/{TABLES_FOLDER}"
+    raise ConfigError(f"Iceberg tables are kept on POSIX or S3 cold storage, not {redact_url(cold_url)} ({scheme}://)")
+
+
+def table_path(config: TieredStoreConfig, topic: str) -> str:
+    """The logical path (under the cold URL, as our providers name it) of ``topic``'s table folder."""
+    return f"{TABLES_FOLDER}/{config.table.namespace}/{topic}"
+
+
+def table_location(config: TieredStoreConfig, topic: str) -> str:
+    """Where ``topic``'s table keeps its data and metadata files."""
+    return f"{tables_root(config)}/{config.table.namespace}/{topic}"
+
+
+def file_io_properties(config: TieredStoreConfig) -> dict[str, str]:
+    """pyiceberg FileIO properties for the cold tier: our ``[s3]`` endpoint, credentials, region and style."""
+    if url_scheme(config.effective_cold_url) != "s3":
+        return {}
+    s3 = config.s3_options()
+    names = {
+        "endpoint_url": "s3.endpoint",
+        "region": "s3.region",
+        "access_key_id": "s3.access-key-id",
+        "secret_access_key": "s3.secret-access-key",
+        "session_token": "s3.session-token",
+    }
+    properties = {iceberg: str(s3[ours]) for ours, iceberg in names.items() if s3.get(ours) is not None}
+    # Path-style requests unless virtual hosts are asked for: what S3-compatible endpoints (MinIO, moto) need.
+    properties["s3.force-virtual-addressing"] = "true" if s3.get("addressing_style") == "virtual" else "false"
+    if s3.get("sse") == "AES256":
+        properties["s3.server-side-encryption"] = "AES256"
+    return properties
+
+
+def open_catalog(config: TieredStoreConfig) -> Catalog:
+    """The catalog of ``config``: REST when ``[table] catalog_uri`` names one, else SQL in the metadata database."""
+    _require_pyiceberg()
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    properties: dict[str, Any] = file_io_properties(config)
+    uri = config.table.catalog_uri
+    try:
+        if uri is not None:
+            if url_scheme(uri) not in ("http", "https"):
+                raise ConfigError(f"[table] catalog_uri must be an Iceberg REST catalog (http(s)://), not {uri!r}")
+            return RestCatalog(CATALOG_NAME, uri=uri, **properties)
+        return SqlCatalog(CATALOG_NAME, uri=config.effective_metadata_url, **properties)
+    except ConfigError:
+        raise
+    except Exception as error:  # pyiceberg and SQLAlchemy raise many kinds; one line says where
+        where = redact_url(uri) if uri is not None else safe_url(config.effective_metadata_url)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {reason}") from error

@@ -1,0 +1,94 @@
+"""A topic table's shape: the Spark source's columns as an Iceberg schema, day partitions, queue order, zstd.
+
+Field ids are fixed here (1..14 for the columns in their order, nested ids after), so every table has the
+same ids and a reader's projection by id means the same column in each.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from tieredstore.spark.schema import ARROW_SCHEMA, COLUMNS
+
+if TYPE_CHECKING:
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.sorting import SortOrder
+    from pyiceberg.types import IcebergType
+
+PARTITION_COLUMN = "store_timestamp"
+SORT_COLUMNS = ("queue_id", "queue_offset")
+# Partition field ids start at 1000 by Iceberg's convention.
+_PARTITION_FIELD_ID = 1000
+
+
+def _primitive(arrow_type: pa.DataType) -> IcebergType:
+    from pyiceberg.types import BinaryType, IntegerType, LongType, StringType, TimestamptzType
+
+    if pa.types.is_string(arrow_type):
+        return StringType()
+    if pa.types.is_int32(arrow_type):
+        return IntegerType()
+    if pa.types.is_int64(arrow_type):
+        return LongType()
+    if pa.types.is_binary(arrow_type):
+        return BinaryType()
+    if pa.types.is_timestamp(arrow_type) and arrow_type.unit == "us" and arrow_type.tz == "UTC":
+        return TimestamptzType()
+    raise TypeError(f"no Iceberg type for Arrow {arrow_type}")
+
+
+def iceberg_schema() -> Schema:
+    """The Iceberg schema of every topic table: ``ARROW_SCHEMA``'s columns, documented, all optional."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import ListType, MapType, NestedField
+
+    next_id = len(COLUMNS) + 1
+    fields = []
+    for field_id, column in enumerate(COLUMNS, start=1):
+        arrow_type = ARROW_SCHEMA.field(column.name).type
+        kind: IcebergType
+        if pa.types.is_list(arrow_type):
+            kind = ListType(next_id, _primitive(arrow_type.value_type), element_required=False)
+            next_id += 1
+        elif pa.types.is_map(arrow_type):
+            kind = MapType(
+                next_id,
+                _primitive(arrow_type.key_type),
+                next_id + 1,
+                _primitive(arrow_type.item_type),
+                value_required=False,
+            )
+            next_id += 2
+        else:
+            kind = _primitive(arrow_type)
+        fields.append(NestedField(field_id, column.name, kind, required=False, doc=column.description))
+    return Schema(*fields)
+
+
+def partition_spec(schema: Schema) -> PartitionSpec:
+    """Day of ``store_timestamp``: a time filter prunes whole days of files."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    source = schema.find_field(PARTITION_COLUMN).field_id
+    return PartitionSpec(PartitionField(source, _PARTITION_FIELD_ID, DayTransform(), f"{PARTITION_COLUMN}_day"))
+
+
+def sort_order(schema: Schema) -> SortOrder:
+    """Queue, then offset: how sync writes rows within a file, declared so that engines know it."""
+    from pyiceberg.table.sorting import SortField, SortOrder
+    from pyiceberg.transforms import IdentityTransform
+
+    return SortOrder(*(SortField(schema.find_field(name).field_id, IdentityTransform()) for name in SORT_COLUMNS))
+
+
+def table_properties(target_file_size: int) -> dict[str, str]:
+    """Parquet with zstd, data files of about ``target_file_size`` bytes."""
+    return {
+        "write.format.default": "parquet",
+        "write.parquet.compression-codec": "zstd",
+        "write.target-file-size-bytes": str(target_file_size),
+    }
