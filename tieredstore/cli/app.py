@@ -128,7 +128,7 @@ def _register_commands() -> None:
     # whichever module imports it first.
     import importlib
 
-    for module in ("db", "run", "inspect", "read", "put", "verify", "restore", "topic", "scrub", "keys"):
+    for module in ("db", "run", "inspect", "read", "put", "verify", "restore", "topic", "scrub", "keys", "table"):
         importlib.import_module(f"tieredstore.cli.{module}")
 
 

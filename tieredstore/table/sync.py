@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from tieredstore.config import TieredStoreConfig
-from tieredstore.errors import ConfigError, TieredStoreError
+from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.spark.options import ScanOptions
 from tieredstore.spark.schema import ARROW_SCHEMA
@@ -260,6 +260,9 @@ class TableSyncer:
         except CommitFailedException as error:
             log.info("table %s: another syncer committed first (%s); planning again", result.topic, error)
             raise _Conflict() from error
+        except OSError as error:
+            # pyarrow's file systems raise plain OSErrors: the cold tier refused or could not be reached.
+            raise StorageError(f"table {result.topic}: writing its files failed: {error}") from error
         result.commits += 1
         result.rows_added += batch.rows
         log.info("table %s: appended %d rows, offsets %s", result.topic, batch.rows, properties[OFFSETS_PROPERTY])

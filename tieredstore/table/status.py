@@ -1,0 +1,82 @@
+"""Where each topic's table stands: its offsets against the archive's, and what its current snapshot holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tieredstore.config import TieredStoreConfig
+from tieredstore.metadata import MetadataStore, TopicStatus
+from tieredstore.table.offsets import read_offsets
+from tieredstore.table.sync import QueueProgress, load_table, queue_progress
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatus:
+    """One topic's table: offsets summed over its queues, lag in messages, snapshots, data files, bytes."""
+
+    topic: str
+    exists: bool
+    queues: tuple[QueueProgress, ...]
+    snapshots: int = 0
+    data_files: int = 0
+    data_bytes: int = 0
+    rows: int = 0
+
+    @property
+    def table_offset(self) -> int:
+        return sum(q.table_offset for q in self.queues)
+
+    @property
+    def archived_offset(self) -> int:
+        return sum(q.archived_offset for q in self.queues)
+
+    @property
+    def lag(self) -> int:
+        return sum(q.lag for q in self.queues)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "topic": self.topic,
+            "exists": self.exists,
+            "table_offset": self.table_offset,
+            "archived_offset": self.archived_offset,
+            "lag": self.lag,
+            "snapshots": self.snapshots,
+            "data_files": self.data_files,
+            "data_bytes": self.data_bytes,
+            "rows": self.rows,
+        }
+
+
+def synced_topics(metadata: MetadataStore) -> list[str]:
+    """The topics a sync without a topic covers: every active topic of the archive."""
+    return sorted(topic.name for topic in metadata.list_topics() if topic.status == TopicStatus.ACTIVE)
+
+
+def table_status(config: TieredStoreConfig, metadata: MetadataStore, catalog: Catalog, topic: str) -> TableStatus:
+    """``topic``'s table as it stands; a topic without a table lags by everything archived."""
+    metadata.get_topic(topic)
+    queues = metadata.list_queues(topic)
+    table = load_table(catalog, config, topic)
+    if table is None:
+        return TableStatus(topic, False, tuple(queue_progress({}, queues)))
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary if snapshot is not None else None
+
+    def total(name: str) -> int:
+        value = summary[name] if summary is not None else None
+        return int(value) if value is not None else 0
+
+    return TableStatus(
+        topic,
+        True,
+        tuple(queue_progress(read_offsets(table), queues)),
+        snapshots=len(table.snapshots()),
+        data_files=total("total-data-files"),
+        data_bytes=total("total-files-size"),
+        rows=total("total-records"),
+    )
