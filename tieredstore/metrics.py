@@ -113,6 +113,18 @@ class Metrics:
         self.scrub_deleted_bytes = Counter(
             "tieredstore_scrub_deleted_bytes", "Bytes of orphans deleted by scrub", ["file_type"], registry=r
         )
+        self.table_lag = Gauge(
+            "tieredstore_table_lag_messages",
+            "Archived offsets not in the topic's Iceberg table yet, summed over its queues, after the last table sync",
+            ["topic"],
+            registry=r,
+        )
+        self.table_sync_failures = Counter(
+            "tieredstore_table_sync_failures",
+            "Background table syncs of a topic that failed; the next interval retries",
+            ["topic"],
+            registry=r,
+        )
         self.cache_hits = Counter("tieredstore_read_ahead_hits", "Read-ahead cache hits", registry=r)
         self.cache_misses = Counter("tieredstore_read_ahead_misses", "Read-ahead cache misses", registry=r)
         self.cache_evictions = Counter("tieredstore_read_ahead_evictions", "Read-ahead cache evictions", registry=r)

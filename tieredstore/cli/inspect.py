@@ -156,6 +156,23 @@ def collect_status(node: ReadNode, topic: str | None = None) -> list[dict[str, A
     return rows
 
 
+def _add_table_lags(node: ReadNode, rows: list[dict[str, Any]]) -> None:
+    """Each queue's lag behind its topic's Iceberg table (``table_lag``), when a table exists for the topic."""
+    try:
+        from tieredstore.table.status import queue_table_lags
+    except ImportError:
+        return  # pyiceberg and pyarrow not installed: there is no table to show
+    lags = queue_table_lags(node.config, node.metadata, sorted({row["topic"] for row in rows}))
+    if lags is None:
+        return
+    for row in rows:
+        row["table_lag"] = lags.get((row["topic"], row["queue_id"]))
+
+
+def _status_columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    return STATUS_COLUMNS + (("table_lag",) if any("table_lag" in row for row in rows) else ())
+
+
 @app.command("status")
 def status(
     ctx: typer.Context,
@@ -174,12 +191,14 @@ def status(
 
     async def snapshot() -> list[dict[str, Any]]:
         async with open_read_node(cli.config, hot=True) as node:
-            return await asyncio.to_thread(collect_status, node, topic)
+            rows = await asyncio.to_thread(collect_status, node, topic)
+            await asyncio.to_thread(_add_table_lags, node, rows)
+            return rows
 
     formatters = {"cold_bytes": human_bytes, "unarchived_age_ms": human_age}
     if not watch:
         rows = run(snapshot())
-        cli.output.table("status", STATUS_COLUMNS, rows, formatters=formatters)
+        cli.output.table("status", _status_columns(rows), rows, formatters=formatters)
         for row in rows:
             if row["hot_behind_archive"] and not cli.output.is_json:
                 cli.output.note(
@@ -201,7 +220,9 @@ def status(
         while True:
             rows = run(snapshot())
             live.update(
-                cli.output.render_table(f"status at {iso(now_ms())}", STATUS_COLUMNS, rows, formatters=formatters)
+                cli.output.render_table(
+                    f"status at {iso(now_ms())}", _status_columns(rows), rows, formatters=formatters
+                )
             )
             live.refresh()
             count += 1

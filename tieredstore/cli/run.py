@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 import typer
@@ -46,6 +46,9 @@ from tieredstore.providers.s3_choices import UNSUPPORTED_SETTING
 from tieredstore.runtime import HotMode, open_runtime
 from tieredstore.topic_filter import TopicFilter
 from tieredstore.tuning import tune_for_archiver
+
+if TYPE_CHECKING:
+    from tieredstore.table.background import BackgroundTableSync
 
 log = structlog.get_logger(__name__)
 
@@ -342,9 +345,13 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
                 f"leasing queues as {leases.owner} (lease {settings.lease_duration:g}s); "
                 f"key index namespace {runtime.index.namespace}"
             )
+        table_sync = _table_sync(config, metrics) if config.table.enabled and not options.once else None
         dispatcher = Dispatcher.from_runtime(runtime, settings=settings, leases=leases)
         await dispatcher.start()
         note(f"archiving {config.hot_dir} to {runtime.provider.url} (metadata: {runtime.metadata.url})")
+        if table_sync is not None:
+            table_sync.start()
+            note(f"syncing every topic's Iceberg table every {config.table.commit_interval:g}s")
 
         producer = (
             DemoProducer(hot_writer(hot, "--demo puts"), options.demo_messages, options.demo_rate) if run_demo else None
@@ -358,6 +365,20 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
         finally:
             if producer is not None:
                 producer.stop()
+            if table_sync is not None:
+                # A sync in progress finishes its commit (or is abandoned at exit: its files are orphans the
+                # next sync removes); the archiver does not wait for it past the shutdown timeout.
+                await asyncio.to_thread(table_sync.stop, settings.shutdown_timeout)
+
+
+def _table_sync(config: TieredStoreConfig, metrics: Metrics) -> BackgroundTableSync:
+    """The background table sync of ``[table] enabled``; imported here, so that only it needs pyiceberg."""
+    from tieredstore.table.catalog import require_pyiceberg
+
+    require_pyiceberg()  # MissingExtraError naming the extra, before pyarrow or pyiceberg is imported
+    from tieredstore.table.background import BackgroundTableSync
+
+    return BackgroundTableSync(config, metrics)
 
 
 async def _run_once(cli: CliState, dispatcher: Dispatcher, producer: DemoProducer | None) -> dict[str, Any]:

@@ -24,7 +24,8 @@ TABLES_FOLDER = "iceberg"
 CATALOG_NAME = "tieredstore"
 
 
-def _require_pyiceberg() -> None:
+def require_pyiceberg() -> None:
+    """MissingExtraError naming the extra to install unless pyiceberg (with its core transforms) is."""
     try:
         import pyiceberg  # noqa: F401
         import pyiceberg_core  # noqa: F401  (day partitioning of Arrow rows needs its transforms)
@@ -73,9 +74,13 @@ def file_io_properties(config: TieredStoreConfig) -> dict[str, str]:
     return properties
 
 
-def open_catalog(config: TieredStoreConfig) -> Catalog:
-    """The catalog of ``config``: REST when ``[table] catalog_uri`` names one, else SQL in the metadata database."""
-    _require_pyiceberg()
+def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Catalog:
+    """The catalog of ``config``: REST when ``[table] catalog_uri`` names one, else SQL in the metadata database.
+
+    The SQL catalog's two tables are created in the metadata database on first use, unless ``create_tables``
+    is False (a read-only look such as ``tieredstore status``).
+    """
+    require_pyiceberg()
     from pyiceberg.catalog.rest import RestCatalog
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -86,6 +91,7 @@ def open_catalog(config: TieredStoreConfig) -> Catalog:
             if url_scheme(uri) not in ("http", "https"):
                 raise ConfigError(f"[table] catalog_uri must be an Iceberg REST catalog (http(s)://), not {uri!r}")
             return RestCatalog(CATALOG_NAME, uri=uri, **properties)
+        properties["init_catalog_tables"] = "true" if create_tables else "false"
         return SqlCatalog(CATALOG_NAME, uri=config.effective_metadata_url, **properties)
     except ConfigError:
         raise

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from tieredstore.config import TieredStoreConfig
+from tieredstore.errors import TieredStoreError
 from tieredstore.metadata import MetadataStore, TopicStatus
 from tieredstore.table.offsets import read_offsets
 from tieredstore.table.sync import QueueProgress, load_table, queue_progress
@@ -80,3 +83,24 @@ def table_status(config: TieredStoreConfig, metadata: MetadataStore, catalog: Ca
         data_bytes=total("total-files-size"),
         rows=total("total-records"),
     )
+
+
+def queue_table_lags(
+    config: TieredStoreConfig, metadata: MetadataStore, topics: list[str]
+) -> dict[tuple[str, int], int] | None:
+    """Each queue's table lag for the topics that have a table; None when none has one (or no catalog can
+    be read: pyiceberg not installed, the catalog's tables never created), so ``status`` shows no column."""
+    from tieredstore.table.catalog import open_catalog
+
+    try:
+        catalog = open_catalog(config, create_tables=False)
+        tables = {topic: load_table(catalog, config, topic) for topic in topics}
+    except (TieredStoreError, SQLAlchemyError, OSError):
+        return None
+    lags: dict[tuple[str, int], int] = {}
+    for topic, table in tables.items():
+        if table is None:
+            continue
+        for queue in queue_progress(read_offsets(table), metadata.list_queues(topic)):
+            lags[(topic, queue.queue_id)] = queue.lag
+    return lags or None

@@ -1,0 +1,84 @@
+"""The archiver's table sync: every topic's table kept level every ``[table] commit_interval``, in a thread.
+
+A sync plans and reads with event loops of its own and blocks on pyiceberg's writes and catalog commits, so
+it runs in a worker thread and never holds up the archiver's event loop. A topic whose sync fails is
+logged, counted (``tieredstore_table_sync_failures``) and tried again on the next interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+
+from tieredstore.config import TieredStoreConfig
+from tieredstore.errors import TieredStoreError
+from tieredstore.metadata import MetadataStore
+from tieredstore.metrics import Metrics
+from tieredstore.table.catalog import open_catalog
+from tieredstore.table.status import synced_topics
+from tieredstore.table.sync import TableSyncer, require_unencrypted_allowed
+
+log = structlog.get_logger(__name__)
+
+
+class BackgroundTableSync:
+    """A daemon thread that syncs every active topic's table, then waits ``commit_interval``, until stopped."""
+
+    def __init__(self, config: TieredStoreConfig, metrics: Metrics) -> None:
+        # Refused here, at the archiver's start, rather than logged every interval.
+        require_unencrypted_allowed(config)
+        self.config = config
+        self.metrics = metrics
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="table-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the sync in progress (if any); wait up to ``timeout`` seconds for it."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.sync_all()
+            self.rounds += 1
+            self._stop.wait(max(0.0, self.config.table.commit_interval - (time.monotonic() - started)))
+
+    def sync_all(self) -> None:
+        """One round: every active topic's table synced, its lag published."""
+        try:
+            metadata = MetadataStore(self.config.effective_metadata_url)
+        except TieredStoreError as error:
+            log.warning("table sync skipped: metadata cannot be opened", error=str(error))
+            return
+        try:
+            catalog = open_catalog(self.config)
+            syncer = TableSyncer(self.config, metadata, catalog)
+            for topic in synced_topics(metadata):
+                if self._stop.is_set():
+                    return
+                try:
+                    result = syncer.sync_topic(topic)
+                except Exception as error:  # noqa: BLE001 - one topic's failure must not end the archiver's syncs
+                    self.metrics.table_sync_failures.labels(topic).inc()
+                    log.warning("table sync failed", topic=topic, error=str(error))
+                    continue
+                self.metrics.table_lag.labels(topic).set(result.lag)
+                log.info(
+                    "table synced",
+                    topic=topic,
+                    rows_added=result.rows_added,
+                    table_offset=result.table_offset,
+                    lag=result.lag,
+                    seconds=round(result.seconds, 3),
+                )
+        except TieredStoreError as error:
+            log.warning("table sync skipped: the catalog cannot be opened", error=str(error))
+        finally:
+            metadata.close()
