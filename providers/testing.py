@@ -39,7 +39,7 @@ from tieredstore.errors import (
     StorageUnavailableError,
 )
 from tieredstore.formats.naming import FileType, queue_path
-from tieredstore.providers.base import AppendResult, FileSegment, ListsObjects, Provider, StoredObject
+from tieredstore.providers.base import AppendResult, DeletesObjects, FileSegment, ListsObjects, Provider, StoredObject
 from tieredstore.providers.wrapper import WrappedProvider, WrappedSegment
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -459,6 +459,17 @@ class ProviderTests:
         assert await provider.list_segments(QUEUE, COMMIT_LOG) == [0, 4294937144]
 
     @requires("lists_objects")
+    async def test_delete_objects_removes_listed_objects_and_nothing_else(self, provider: Provider) -> None:
+        assert isinstance(provider, ListsObjects) and isinstance(provider, DeletesObjects)
+        records = await committed(provider.segment(COMMIT_LOG, QUEUE, 0), b"abc")
+        units = await committed(provider.segment(CONSUME_QUEUE, QUEUE, 40), b"u" * 20)
+        kept = await provider.list_objects(units.key)
+        doomed = [stored.key for stored in await provider.list_objects(records.key)]
+        assert doomed and kept
+        await provider.delete_objects([*doomed, f"{QUEUE}/no-such-object"])  # a missing key is no error
+        assert await provider.list_objects(records.key) == []
+        assert await provider.list_objects(units.key) == kept
+
     async def test_list_objects_gives_each_segments_bytes_and_last_write(self, provider: Provider) -> None:
         assert isinstance(provider, ListsObjects)
         # Storage stamps writes with its own clock, to the second on S3: allow for both.
