@@ -86,6 +86,7 @@ def status(
 ) -> None:
     """Each topic's table: its offset against the archived offset (summed over queues), the lag in messages,
     snapshots, data files and bytes. A topic without a table shows its whole archive as lag.
+    Example: tieredstore --output json table status Orders
     """
     cli = state(ctx)
     if topic is not None:
