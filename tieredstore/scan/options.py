@@ -1,4 +1,4 @@
-"""Options of the ``tieredstore`` Spark source: parsed once, validated, secrets kept out of every repr.
+"""Options of a scan: parsed once, validated, secrets kept out of every repr.
 
 Spark hands a data source a case-insensitive dict of strings. ``ScanOptions.parse`` turns it into one
 frozen object; an unknown or malformed option is a ConfigError naming the known ones, so a typo such

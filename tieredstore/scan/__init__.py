@@ -1,0 +1,27 @@
+"""Scanning archived queues into Arrow batches, without pyspark: the engine under the Spark source.
+
+    plans = plan_partitions(ScanOptions.parse({...}), ScanFilter(...))
+    batches = [batch for plan in plans for batch in read_partition(plan, options)]
+
+``plan_partitions`` and ``read_partition`` are the two halves Spark drives (planning on the driver,
+reading in tasks). Every batch has columns of ``ARROW_SCHEMA``. ``tieredstore.spark`` adds only what needs pyspark.
+"""
+
+from tieredstore.scan.filters import ScanFilter
+from tieredstore.scan.options import OnCorrupt, ScanOptions
+from tieredstore.scan.planning import PartitionPlan, plan_partitions, plan_scan
+from tieredstore.scan.reading import ReadStats, read_partition
+from tieredstore.scan.schema import ARROW_SCHEMA, COLUMNS
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "COLUMNS",
+    "OnCorrupt",
+    "PartitionPlan",
+    "ReadStats",
+    "ScanFilter",
+    "ScanOptions",
+    "plan_partitions",
+    "plan_scan",
+    "read_partition",
+]
