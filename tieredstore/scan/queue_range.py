@@ -40,12 +40,18 @@ def scan_queue(
     unknown = [name for name in columns if name not in ARROW_SCHEMA.names]
     if unknown or not columns:
         raise ValidationError(f"scan columns {list(columns)} must be some of {ARROW_SCHEMA.names}")
+    # Checked here, not in the generator, so a bad call fails where it is made rather than at first use.
+    return _batches(dataclasses.replace(options, topics=(topic,)), topic, queue_id, start, end, columns)
+
+
+def _batches(
+    options: ScanOptions, topic: str, queue_id: int, start: int, end: int, columns: Sequence[str]
+) -> Iterator[pa.RecordBatch]:
     if start == end:
         return
-    scoped = dataclasses.replace(options, topics=(topic,))
     scan_filter = ScanFilter(
         topics=frozenset({topic}), queue_ids=frozenset({queue_id}), queue_offset_start=start, queue_offset_end=end
     )
     # Partitions of one queue never overlap, so their starts order them; the planner sorts by path first.
-    for plan in sorted(plan_partitions(scoped, scan_filter), key=lambda plan: plan.queue_start):
-        yield from read_partition(plan, scoped, columns=columns)
+    for plan in sorted(plan_partitions(options, scan_filter), key=lambda plan: plan.queue_start):
+        yield from read_partition(plan, options, columns=columns)
