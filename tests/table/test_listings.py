@@ -10,8 +10,7 @@ import pytest
 
 from tests.spark.helpers import sort_key
 from tests.table.conftest import TOPIC, TableNode, messages, table_node_on, table_rows
-from tieredstore.spark import plan_partitions, read_partition
-from tieredstore.spark.options import ScanOptions
+from tieredstore.scan import ScanOptions, plan_partitions, read_partition
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from tieredstore.spark.schema import ARROW_SCHEMA, COLUMNS
+from tieredstore.scan import ARROW_SCHEMA, COLUMNS
 
 if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
@@ -85,10 +85,17 @@ def sort_order(schema: Schema) -> SortOrder:
     return SortOrder(*(SortField(schema.find_field(name).field_id, IdentityTransform()) for name in SORT_COLUMNS))
 
 
+# pyiceberg retries a commit that lost to another writer by rebasing the same rows onto the new snapshot:
+# with our offsets in the snapshot, that would append rows the other writer already appended. Sync replans
+# from the winner's offsets instead, so its tables must never retry on their own.
+NO_COMMIT_RETRIES = {"commit.retry.num-retries": "0"}
+
+
 def table_properties(target_file_size: int) -> dict[str, str]:
-    """Parquet with zstd, data files of about ``target_file_size`` bytes."""
+    """Parquet with zstd, data files of about ``target_file_size`` bytes, no commit retried by pyiceberg."""
     return {
         "write.format.default": "parquet",
         "write.parquet.compression-codec": "zstd",
         "write.target-file-size-bytes": str(target_file_size),
+        **NO_COMMIT_RETRIES,
     }

@@ -11,14 +11,14 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import TieredStoreError
 from tieredstore.metadata import MetadataStore, TopicStatus
 from tieredstore.table.offsets import read_offsets
-from tieredstore.table.sync import QueueProgress, load_table, queue_progress
+from tieredstore.table.sync import QueueProgress, SummedProgress, load_table, queue_progress
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 
 @dataclass(frozen=True, slots=True)
-class TableStatus:
+class TableStatus(SummedProgress):
     """One topic's table: offsets summed over its queues, lag in messages, snapshots, data files, bytes."""
 
     topic: str
@@ -28,18 +28,6 @@ class TableStatus:
     data_files: int = 0
     data_bytes: int = 0
     rows: int = 0
-
-    @property
-    def table_offset(self) -> int:
-        return sum(q.table_offset for q in self.queues)
-
-    @property
-    def archived_offset(self) -> int:
-        return sum(q.archived_offset for q in self.queues)
-
-    @property
-    def lag(self) -> int:
-        return sum(q.lag for q in self.queues)
 
     def as_json(self) -> dict[str, object]:
         return {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,13 +27,11 @@ import pyarrow as pa
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.scan import ARROW_SCHEMA, ScanOptions, scan_queue
 from tieredstore.table.catalog import table_location
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
-from tieredstore.table.rows import queue_rows, scan_options
-from tieredstore.table.schema import iceberg_schema, partition_spec, sort_order, table_properties
+from tieredstore.table.schema import NO_COMMIT_RETRIES, iceberg_schema, partition_spec, sort_order, table_properties
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -76,17 +74,11 @@ def queue_progress(offsets: dict[int, int], queues: list[QueuePosition]) -> list
     ]
 
 
-@dataclass(slots=True)
-class TopicSync:
-    """What one sync of a topic did, and where its table stands afterwards."""
+class SummedProgress:
+    """A topic's table offset, archived offset and lag: its queues' summed."""
 
-    topic: str
-    rows_added: int = 0
-    commits: int = 0
-    conflicts: int = 0
-    orphans_deleted: int = 0
-    queues: list[QueueProgress] = field(default_factory=list)
-    seconds: float = 0.0
+    __slots__ = ()
+    queues: Sequence[QueueProgress]
 
     @property
     def table_offset(self) -> int:
@@ -99,6 +91,19 @@ class TopicSync:
     @property
     def lag(self) -> int:
         return sum(q.lag for q in self.queues)
+
+
+@dataclass(slots=True)
+class TopicSync(SummedProgress):
+    """What one sync of a topic did, and where its table stands afterwards."""
+
+    topic: str
+    rows_added: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    orphans_deleted: int = 0
+    queues: list[QueueProgress] = field(default_factory=list)
+    seconds: float = 0.0
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -134,7 +139,7 @@ def create_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Tab
 
     existing = load_table(catalog, config, topic)
     if existing is not None:
-        return existing
+        return _without_commit_retries(existing)
     try:
         catalog.create_namespace(config.table.namespace)
     except NamespaceAlreadyExistsError:
@@ -151,7 +156,17 @@ def create_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Tab
         )
     except TableAlreadyExistsError:
         # Another syncer created it between our look and our create: theirs is the same table.
-        return catalog.load_table(table_identifier(config, topic))
+        return _without_commit_retries(catalog.load_table(table_identifier(config, topic)))
+
+
+def _without_commit_retries(table: Table) -> Table:
+    """``table``, its property that makes pyiceberg retry lost commits set to none (another tool may have
+    changed it): a retried append would carry offsets the winning commit already passed."""
+    if all(table.properties.get(name) == value for name, value in NO_COMMIT_RETRIES.items()):
+        return table
+    with table.transaction() as transaction:
+        transaction.set_properties(NO_COMMIT_RETRIES)
+    return table
 
 
 @dataclass(slots=True)
@@ -222,7 +237,7 @@ class TableSyncer:
         if self.on_plan is not None:
             self.on_plan(topic, sum(q.lag for q in progress))
         batch = _Batch(dict(offsets))
-        options = scan_options(self.config, topic)
+        options = ScanOptions.from_config(self.config, [topic])
         target = self.config.table.target_file_size
         for queue in progress:
             if queue.lag == 0:
@@ -242,7 +257,7 @@ class TableSyncer:
             self._commit(table, batch, result, before_commit)
 
     def _rows(self, options: ScanOptions, topic: str, queue: QueueProgress) -> Iterator[pa.RecordBatch]:
-        for rows in queue_rows(options, topic, queue.queue_id, queue.table_offset, queue.archived_offset):
+        for rows in scan_queue(options, topic, queue.queue_id, queue.table_offset, queue.archived_offset):
             if rows.num_rows:
                 yield rows
 
