@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.framed import KEY_ID, write_keyring
+from tests.cli.framed import KEY_ID, framed_node_on, write_keyring
+from tests.cli.helpers import hot_records
+from tests.cli.test_restore import TOPIC as RESTORE_TOPIC
+from tests.cli.test_restore import archive, produce
 from tests.table.conftest import TOPIC, TableNode, messages, table_node_on, table_rows
+from tieredstore.config import load_config
+from tieredstore.formats.message import decode
+from tieredstore.table.catalog import open_catalog
 
 
 @pytest.fixture
@@ -89,3 +95,20 @@ def test_a_bad_metadata_url_for_the_sql_catalog_is_a_configuration_error(posix_n
     result = posix_node("table", "sync")
     assert result.exit_code == 7
     assert result.stderr.count("\n") == 1
+
+
+def test_an_encrypted_archive_syncs_its_plaintext_rows_when_allowed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    node = framed_node_on("posix-sqlite", request, tmp_path)
+    produce(node, 0, 150)
+    archive(node)
+    node.env["TIEREDSTORE_TABLE__ALLOW_UNENCRYPTED"] = "true"
+    synced = node("table", "sync", output="json")
+    assert synced.exit_code == 0, synced.stderr
+    config = load_config(data_dir=node.data_dir)
+    rows = open_catalog(config).load_table(("tieredstore", RESTORE_TOPIC)).scan().to_arrow().to_pylist()
+    hot = hot_records(node.hot_dir, RESTORE_TOPIC, 0)
+    assert {row["queue_offset"]: row["body"] for row in rows} == {
+        offset: decode(raw).body for offset, raw in hot.items()
+    }

@@ -77,3 +77,28 @@ def test_sigkill_mid_write_then_restart_gives_every_row_once_and_removes_the_orp
     assert not any(path.exists() for path in orphans)
     referenced = {path.removeprefix("file://") for path in referenced_data_files(node.table())}
     assert {str(path) for path in parquet_files(data)} == referenced
+
+
+@pytest.mark.parametrize("pair", ["posix-sqlite", pytest.param("s3-postgres", marks=pytest.mark.postgres)])
+def test_a_stray_data_file_goes_once_older_than_the_grace_and_not_before(
+    pair: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    node = table_node_on(pair, request, tmp_path)
+    node.put({(TOPIC, 0): messages(0, range(20))})
+    assert node("table", "sync").exit_code == 0
+    table: Any = node.table()
+    stray = f"{table.location()}/data/store_timestamp_day=2026-05-01/00000-0-left-by-a-killed-sync.parquet"
+    with table.io.new_output(stray).create() as out:
+        out.write(b"PAR1 half a file")
+    node.put({(TOPIC, 0): messages(0, range(20, 30))})
+
+    kept = node("table", "sync", output="json")  # the default grace (1 h): the file may be a commit in flight
+    assert kept.json()["topics"][0]["orphans_deleted"] == 0
+    assert table.io.new_input(stray).exists()
+
+    node.node.env["TIEREDSTORE_TABLE__ORPHAN_GRACE"] = "0"
+    removed = node("table", "sync", output="json")
+    assert removed.exit_code == 0, removed.stderr
+    assert removed.json()["topics"][0]["orphans_deleted"] == 1
+    assert not table.io.new_input(stray).exists()
+    assert len(table_rows(node.table())) == 30  # every referenced file stays
