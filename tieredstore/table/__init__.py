@@ -1,0 +1,1 @@
+"""The archive as an Apache Iceberg table per topic: catalog, sync and maintenance."""
