@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,6 +42,7 @@ from tieredstore.table.maintenance import (
     plan_compaction,
     trim,
 )
+from tieredstore.table.maintenance_common import CarriedProperties
 
 BIG = 128 * 1024 * 1024
 APPENDS = 6
@@ -142,6 +144,28 @@ def test_append_between_planning_and_commit_keeps_its_rows_and_its_bookmark(setu
     assert summary_property(final, OFFSETS_PROPERTY) == offsets_after_late
     assert json.loads(offsets_after_late or "{}") == {"0": 5007, "1": 5003}
     assert len(data_file_paths(final)) == 2 + 2  # two merged files and the rival's two
+
+
+def test_pyicebergs_own_retry_carries_the_bookmark_of_the_snapshot_it_lands_on(setup: CatalogSetup) -> None:
+    """The sync may commit a snapshot with no files that only moves the bookmark (past a lost range). pyiceberg
+    retries a maintenance commit that lost to it without asking us; the retried snapshot must carry the moved
+    bookmark, which is why maintenance passes a mapping read at build time and never a copy."""
+    table = _small_file_table(setup)
+    transaction = table.transaction()
+    properties = cast("dict[str, str]", CarriedProperties(table))
+    with transaction.update_snapshot(snapshot_properties=properties).fast_append():
+        pass  # staged on the head as it is now, like a compaction between building and committing
+    rival = setup.open().load_table(table.name())
+    moved = '{"0":9000,"1":9000}'
+    rival.append(messages(0, 0, 0, 0), snapshot_properties={OFFSETS_PROPERTY: moved})
+
+    transaction.commit_transaction()  # loses to the rival once, then pyiceberg reloads and retries
+
+    final = setup.open().load_table(table.name())
+    head = final.current_snapshot()
+    assert head is not None
+    assert head.parent_snapshot_id == rival.current_snapshot().snapshot_id  # it was retried on the rival's
+    assert summary_property(final, OFFSETS_PROPERTY) == moved
 
 
 def test_a_plan_whose_inputs_another_compaction_replaced_commits_nothing_and_removes_its_files(
