@@ -187,6 +187,23 @@ def test_a_plan_whose_inputs_another_compaction_replaced_commits_nothing_and_rem
     assert not any(_exists(final, path) for path in written_by_second)
 
 
+def test_a_merged_file_swept_before_the_commit_is_not_committed(setup: CatalogSetup) -> None:
+    table = _small_file_table(setup)
+    rows_before = all_rows(table)
+    plan = plan_compaction(table, small_file_bytes=BIG, target_file_bytes=BIG)
+    assert len(plan.rewrites) == 2  # one per day
+    swept = plan.rewrites[0].written[0].file_path
+    table.io.delete(swept)  # as an orphan sweep with a too-short grace would
+
+    result = commit_compaction(table, plan)
+
+    assert (result.partitions, result.files_removed, result.files_added) == (1, APPENDS, 1)
+    final = setup.open().load_table(table.name())
+    assert swept not in data_file_paths(final)
+    assert all_rows(final) == rows_before  # readable: no snapshot names the missing file
+    assert len(data_file_paths(final)) == APPENDS + 1
+
+
 def test_expire_bounds_snapshots_and_deletes_only_unreachable_files(setup: CatalogSetup) -> None:
     table = _small_file_table(setup)
     small_files = data_file_paths(table)

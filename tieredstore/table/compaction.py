@@ -129,10 +129,10 @@ def commit_compaction(table: Table, plan: CompactionPlan, *, attempts: int = DEF
     def attempt() -> int | None:
         nonlocal pending
         live = live_data_files(table)
-        gone = [rw for rw in pending if any(f.file_path not in live for f in rw.replaced)]
+        gone = [rw for rw in pending if not _still_applies(table, rw, live)]
         if gone:
             _discard(table, gone)
-            pending = [rw for rw in pending if all(f.file_path in live for f in rw.replaced)]
+            pending = [rw for rw in pending if all(rw is not lost for lost in gone)]
         if not pending:
             return None
         transaction = table.transaction()
@@ -161,6 +161,14 @@ def commit_compaction(table: Table, plan: CompactionPlan, *, attempts: int = DEF
         files_added=sum(len(rw.written) for rw in pending),
         rows_rewritten=sum(rw.rows for rw in pending),
         snapshot_id=snapshot_id,
+    )
+
+
+def _still_applies(table: Table, rewrite: Rewrite, live: dict[str, DataFile]) -> bool:
+    """Its inputs are all still in the table, and its merged file still on storage: an orphan sweep with a
+    grace shorter than this run could have taken it, and a snapshot must never name a missing file."""
+    return all(f.file_path in live for f in rewrite.replaced) and all(
+        table.io.new_input(f.file_path).exists() for f in rewrite.written
     )
 
 
@@ -217,4 +225,7 @@ def _discard(table: Table, rewrites: Iterable[Rewrite]) -> None:
     """Delete merged files that no snapshot references (their commit never happened)."""
     for rw in rewrites:
         for data_file in rw.written:
-            table.io.delete(data_file.file_path)
+            try:
+                table.io.delete(data_file.file_path)
+            except FileNotFoundError:
+                pass  # an orphan sweep got there first
