@@ -187,6 +187,42 @@ def test_a_plan_whose_inputs_another_compaction_replaced_commits_nothing_and_rem
     assert not any(_exists(final, path) for path in written_by_second)
 
 
+def test_a_trim_between_planning_and_commit_is_not_undone_by_the_compaction(setup: CatalogSetup) -> None:
+    table = _small_file_table(setup)
+    plan = plan_compaction(table, small_file_bytes=BIG, target_file_bytes=BIG)
+    rival = setup.open().load_table(table.name())
+    assert trim(rival, {0: 1025}) == APPENDS * 10 + 25
+    rows_after_trim = all_rows(rival)
+
+    result = commit_compaction(table, plan)
+
+    # Both days had files the trim rewrote: both merges are dropped, and their files deleted.
+    assert result.snapshot_id is None
+    final = setup.open().load_table(table.name())
+    assert all_rows(final) == rows_after_trim  # the trimmed rows do not come back from the merged files
+    assert not any(_exists(final, f.file_path) for rw in plan.rewrites for f in rw.written)
+    assert json.loads(summary_property(final, TRIMMED_PROPERTY) or "{}") == {"0": 1025}
+
+
+def test_trimmed_rows_leave_storage_once_older_snapshots_expire(setup: CatalogSetup) -> None:
+    table = _small_file_table(setup)
+    files_before = data_file_paths(table)
+    trim(table, {0: 1025})
+    replaced = sorted(set(files_before) - set(data_file_paths(table)))
+    assert replaced  # the trim rewrote the files holding queue 0's rows below 1025
+
+    expire(table, older_than=datetime.now(UTC) + timedelta(seconds=1), retain_last=1)
+
+    assert not any(_exists(table, path) for path in replaced)
+    assert all(_exists(table, path) for path in data_file_paths(table))
+    # What storage still holds (all Parquet files any snapshot names) has no row below the low offset.
+    for path in data_file_paths(table):
+        with table.io.new_input(path).open() as stream:
+            data = pq.read_table(stream, columns=["queue_id", "queue_offset"])
+        pairs = zip(data["queue_id"].to_pylist(), data["queue_offset"].to_pylist(), strict=True)
+        assert not any(queue == 0 and offset < 1025 for queue, offset in pairs)
+
+
 def test_a_merged_file_swept_before_the_commit_is_not_committed(setup: CatalogSetup) -> None:
     table = _small_file_table(setup)
     rows_before = all_rows(table)

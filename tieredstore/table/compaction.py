@@ -105,7 +105,7 @@ def plan_compaction(table: Table, *, small_file_bytes: int, target_file_bytes: i
     for data_file in live_data_files(table).values():
         # A file of an older partition spec would have to be re-partitioned, not merely merged.
         if data_file.spec_id == default_spec and data_file.file_size_in_bytes < small_file_bytes:
-            groups.setdefault(repr(data_file.partition), []).append(data_file)
+            groups.setdefault(_partition_key(data_file), []).append(data_file)
     rewrites: list[Rewrite] = []
     try:
         for key in sorted(groups):
@@ -156,12 +156,17 @@ def commit_compaction(table: Table, plan: CompactionPlan, *, attempts: int = DEF
     if snapshot_id is None:
         return CompactResult(partitions=0, files_removed=0, files_added=0, rows_rewritten=0, snapshot_id=None)
     return CompactResult(
-        partitions=len({repr(rw.replaced[0].partition) for rw in pending}),
+        partitions=len({_partition_key(rw.replaced[0]) for rw in pending}),
         files_removed=sum(len(rw.replaced) for rw in pending),
         files_added=sum(len(rw.written) for rw in pending),
         rows_rewritten=sum(rw.rows for rw in pending),
         snapshot_id=snapshot_id,
     )
+
+
+def _partition_key(data_file: DataFile) -> str:
+    """A sortable, hashable name of the file's partition (pyiceberg's Record compares but does not hash)."""
+    return repr(data_file.partition)
 
 
 def _still_applies(table: Table, rewrite: Rewrite, live: dict[str, DataFile]) -> bool:
