@@ -4,7 +4,7 @@ The data is shaped as in ``spark_scan`` (1 KiB bodies, 16 queues, archived by th
 kept on a POSIX cold tier, so neither S3 nor moto takes a share of the two cores. Two measurements:
 
 1. In this process, ``read_partition`` over every partition: the time spent building each column
-   (every column builder of ``tieredstore.spark.columns`` is timed), and the read rate with all columns.
+   (every column builder of ``tieredstore.scan.columns`` is timed), and the read rate with all columns.
 2. On a ``local[2]`` SparkSession, ``count(*)`` with the full schema, with each column dropped through
    ``.schema(...)``, and with one column only: the rows per second of each, best of ``--rounds`` rounds
    that each run every schema once.
@@ -30,11 +30,12 @@ from pyspark.sql.types import StructType
 from benchmarks.spark_partition_cpu import archived_topic
 from benchmarks.suite.spark_scan import local_spark
 from benchmarks.workloads import TOPIC
-from tieredstore.spark import columns as column_module
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.planning import plan_partitions
-from tieredstore.spark.reading import read_partition
-from tieredstore.spark.schema import ARROW_SCHEMA, spark_schema
+from tieredstore.scan import columns as column_module
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.planning import plan_partitions
+from tieredstore.scan.reading import read_partition
+from tieredstore.scan.schema import ARROW_SCHEMA
+from tieredstore.spark.schema import spark_schema
 
 
 def _timed_builders(spent: dict[str, float]) -> None:

@@ -30,10 +30,10 @@ import pyarrow as pa
 from benchmarks.services import MotoServer
 from benchmarks.suite.spark_scan import BODY_BYTES, QUEUES, spark_options
 from benchmarks.workloads import TOPIC, archive, config_for, fill_hot_store
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.planning import PartitionPlan, plan_partitions
-from tieredstore.spark.reading import read_partition
-from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.planning import PartitionPlan, plan_partitions
+from tieredstore.scan.reading import read_partition
+from tieredstore.scan.schema import ARROW_SCHEMA
 
 
 @dataclass(frozen=True, slots=True)

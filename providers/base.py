@@ -358,6 +358,11 @@ class FileSegment(abc.ABC):
         not encrypted (the default: a provider that never frames)."""
         return None
 
+    async def stored_key_id(self) -> str | None:
+        """The id of the key wrapping this segment's data key, as storage says, read without unwrapping
+        anything; None when it is not encrypted (the default: a provider that never frames)."""
+        return None
+
     async def real_size(self) -> int:
         """The provider's durable size: 0 for a missing file; SizeUnknownError when it cannot know."""
         return await self._real_size()

@@ -50,6 +50,7 @@ from tieredstore.providers.codec import (
     Codecs,
     Keyring,
     SegmentFormat,
+    descriptor_key_id,
     is_frame,
     new_format,
     parse_descriptor,
@@ -266,10 +267,9 @@ class ChunkedSegment(FileSegment):
     async def _learn_format(self) -> SegmentFormat:
         if self._format is None:
             where = self.key
-            try:
-                descriptor = await self._store.get_range(f"{self.key}/{DESCRIPTOR_NAME}", 0, WHOLE)
-            except SegmentNotFoundError as error:
-                raise IntegrityError(f"{where}: a framed chunk but no {DESCRIPTOR_NAME} object") from error
+            descriptor = await read_descriptor(self._store, self.key)
+            if descriptor is None:
+                raise IntegrityError(f"{where}: a framed chunk but no {DESCRIPTOR_NAME} object")
             # In a worker thread: unwrapping may be a call to KMS.
             self._format = await asyncio.to_thread(parse_descriptor, descriptor, self._codecs.keyring, where)
         self._framed = True
@@ -496,6 +496,10 @@ class ChunkedSegment(FileSegment):
         self._format = rewrapped
         return rewrapped.wrapped_key.key_id
 
+    async def stored_key_id(self) -> str | None:
+        descriptor = await read_descriptor(self._store, self.key)
+        return descriptor_key_id(descriptor) if descriptor is not None else None
+
 
 async def check_written(store: ObjectStore, key: str, stored: bytes | bytearray, where: str) -> None:
     """Read a chunk back after writing it where storage does not refuse a second create: bytes other than
@@ -508,15 +512,21 @@ async def check_written(store: ObjectStore, key: str, stored: bytes | bytearray,
         )
 
 
+async def read_descriptor(store: ObjectStore, segment_key: str) -> bytes | None:
+    """A framed segment's ``.codec`` object; None when the segment has none."""
+    try:
+        return await store.get_range(f"{segment_key}/{DESCRIPTOR_NAME}", 0, WHOLE)
+    except SegmentNotFoundError:
+        return None
+
+
 async def rewrap_descriptor(
     store: ObjectStore, segment_key: str, keyring: Keyring, key_id: str | None
 ) -> SegmentFormat | None:
     """The segment's format with its data key wrapped under ``key_id`` (the active key by default), its
     ``.codec`` replaced when that changed it; None for a segment without a descriptor."""
-    descriptor_key = f"{segment_key}/{DESCRIPTOR_NAME}"
-    try:
-        descriptor = await store.get_range(descriptor_key, 0, WHOLE)
-    except SegmentNotFoundError:
+    descriptor = await read_descriptor(store, segment_key)
+    if descriptor is None:
         return None
     # In a thread: a KMS key wraps and unwraps through a request.
     current = await asyncio.to_thread(parse_descriptor, descriptor, keyring, segment_key)
@@ -524,5 +534,5 @@ async def rewrap_descriptor(
     if current.wrapped_key is None or current.wrapped_key.key_id == target:
         return current
     rewrapped = await asyncio.to_thread(current.rewrapped, keyring, target, segment_key)
-    await store.put(descriptor_key, rewrapped.descriptor())
+    await store.put(f"{segment_key}/{DESCRIPTOR_NAME}", rewrapped.descriptor())
     return rewrapped

@@ -43,6 +43,8 @@ from tieredstore.errors import (
 )
 
 if TYPE_CHECKING:
+    # Types only: base imports this module for Codecs.
+    from tieredstore.providers.base import SegmentId
     from tieredstore.providers.kms import KmsKeys
 
 MAGIC = b"\xf5TSF"
@@ -367,8 +369,8 @@ class Codecs:
     """
 
     keyring: Keyring = field(default_factory=Keyring)
-    policy: Callable[[Any], WriteCodec | None] = field(default=lambda _segment: None)
+    policy: Callable[[SegmentId], WriteCodec | None] = field(default=lambda _segment: None)
 
-    def for_segment(self, segment_id: Any) -> WriteCodec | None:
+    def for_segment(self, segment_id: SegmentId) -> WriteCodec | None:
         codec = self.policy(segment_id)
         return codec if codec is not None and codec.framed else None

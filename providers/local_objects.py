@@ -20,7 +20,13 @@ from tieredstore.errors import SegmentNotFoundError
 from tieredstore.formats.naming import FileType
 from tieredstore.providers.base import StoredObject
 from tieredstore.providers.chunks import ObjectInfo, ObjectStore
-from tieredstore.providers.posix_files import fsync_directory, make_directories, pread_exactly, translate_os_errors
+from tieredstore.providers.posix_files import (
+    fsync_directory,
+    make_directories,
+    pread_exactly,
+    pwrite_all,
+    translate_os_errors,
+)
 
 T = TypeVar("T")
 TEMPORARY_PREFIX = ".tmp-"
@@ -119,10 +125,7 @@ class LocalObjectStore(ObjectStore):
         temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            written = 0
-            while written < len(view):
-                written += os.write(fd, view[written:])
+            pwrite_all(fd, data, 0)
             os.fsync(fd)
         finally:
             os.close(fd)

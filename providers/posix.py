@@ -164,6 +164,10 @@ class PosixSegment(FileSegment):
         chunked = await self._framed()
         return await chunked.rewrap(keyring, key_id) if chunked is not None else None
 
+    async def stored_key_id(self) -> str | None:
+        chunked = await self._framed()
+        return await chunked.stored_key_id() if chunked is not None else None
+
     async def _commit(self, position: int, data: bytes | bytearray) -> None:
         if (chunked := await self._framed(writing_at=position)) is not None:
             await chunked._commit(position, data)
@@ -202,6 +206,8 @@ class PosixSegment(FileSegment):
                 fsync_directory(os.path.dirname(file))
 
         await self._run("commit to", commit)
+        # Storage now holds a plain file here: later calls need not look again.
+        self._plain = True
 
     async def _truncate(self, size: int) -> None:
         if (chunked := await self._framed()) is not None:

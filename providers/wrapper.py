@@ -55,6 +55,9 @@ class WrappedSegment(FileSegment):
     async def rewrap(self, keyring: Keyring, key_id: str | None = None) -> str | None:
         return await self.inner.rewrap(keyring, key_id)
 
+    async def stored_key_id(self) -> str | None:
+        return await self.inner.stored_key_id()
+
 
 class WrappedProvider(Provider):
     """A provider over ``inner`` whose segments ``wrap`` turns into wrapped ones."""

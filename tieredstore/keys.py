@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tieredstore.config import ColdSettings, EncryptionSettings, TieredStoreConfig
-from tieredstore.errors import ConfigError, NotFoundError, SegmentNotFoundError
+from tieredstore.errors import ConfigError, NotFoundError
 from tieredstore.formats.naming import FileType, topic_of_path
 from tieredstore.metadata import (
     LIVE_SEGMENT_STATUSES,
@@ -36,23 +36,17 @@ from tieredstore.metadata import (
     SegmentUpdate,
 )
 from tieredstore.providers.base import Provider, SegmentId
-from tieredstore.providers.chunked_provider import ChunkedProvider
-from tieredstore.providers.chunks import WHOLE, ObjectStore
 from tieredstore.providers.codec import (
     DATA_KEY_BYTES,
-    DESCRIPTOR_NAME,
     Codecs,
     Compression,
     Keyring,
     WriteCodec,
     check_cryptography,
     check_zstandard,
-    descriptor_key_id,
 )
 from tieredstore.providers.kms import KmsKeys, check_botocore
-from tieredstore.providers.posix import PosixProvider
 from tieredstore.providers.s3_options import S3Options
-from tieredstore.providers.wrapper import WrappedProvider
 
 
 def _material(key_id: str, text: object, origin: str) -> bytes:
@@ -225,24 +219,6 @@ def require_keys(keyring: Keyring, metadata: MetadataStore) -> None:
         f"{'it' if len(key_ids) == 1 else 'them'} to encryption.keyring_file or keyring_env "
         "(see docs/operations/keys.md)"
     )
-
-
-async def stored_key_id(provider: Provider, segment_id: SegmentId) -> str | None:
-    """The key id a stored segment's ``.codec`` names, read without unwrapping anything; None when it is
-    not framed, not encrypted, or the provider never frames."""
-    while isinstance(provider, WrappedProvider):
-        provider = provider.inner
-    if isinstance(provider, ChunkedProvider):
-        store: ObjectStore = provider.store
-    elif isinstance(provider, PosixProvider):
-        store = provider.objects
-    else:
-        return None
-    try:
-        descriptor = await store.get_range(f"{segment_id.key}/{DESCRIPTOR_NAME}", 0, WHOLE)
-    except SegmentNotFoundError:
-        return None
-    return descriptor_key_id(descriptor)
 
 
 @dataclass

@@ -53,7 +53,6 @@ from tieredstore.index.format import (
     decode_compacted_item_run,
 )
 from tieredstore.index.service import IndexFileRecord, IndexFileStatus, namespace_path, stored_namespaces
-from tieredstore.keys import stored_key_id
 from tieredstore.metadata import MetadataStore, SegmentStatus, SegmentUpdate
 from tieredstore.providers.base import Provider, SegmentId
 
@@ -236,7 +235,8 @@ async def _stored_key_ids(
     ids = [
         SegmentId(file_type, path, listed.base_offset) for file_type, segments in files.items() for listed in segments
     ]
-    found = await asyncio.gather(*(stored_key_id(provider, sid) for sid in ids))
+    segments = (provider.segment(sid.file_type, sid.path, sid.base_offset) for sid in ids)
+    found = await asyncio.gather(*(segment.stored_key_id() for segment in segments))
     return {(sid.file_type, sid.base_offset): key_id for sid, key_id in zip(ids, found, strict=True)}
 
 
@@ -403,7 +403,7 @@ async def _uploaded_index_file(
         end_timestamp=header.end_timestamp,
         item_count=header.item_count,
         size=size,
-        key_id=await stored_key_id(provider, segment.segment_id),
+        key_id=await segment.stored_key_id(),
     )
 
 

@@ -32,9 +32,9 @@ from benchmarks.baselines import s3_client
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Target, benchmark, stopwatch
 from benchmarks.services import S3_CREDENTIALS, S3_REGION, MotoServer
 from benchmarks.workloads import TOPIC, archive, config_for, fill_hot_store, per_thousand, request_counts
-from tieredstore.spark.options import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_READ_BLOCK_BYTES, ScanOptions
-from tieredstore.spark.planning import plan_partitions
-from tieredstore.spark.reading import read_partition
+from tieredstore.scan.options import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_READ_BLOCK_BYTES, ScanOptions
+from tieredstore.scan.planning import plan_partitions
+from tieredstore.scan.reading import read_partition
 from tieredstore.spark.schema import spark_schema
 
 QUEUES = 16

@@ -384,6 +384,19 @@ async def test_a_reader_without_keys_reads_a_compressed_segment_but_not_an_encry
         await sealed.read(0, 10)
 
 
+async def test_the_stored_key_id_is_read_without_the_key_and_is_none_unless_encrypted(
+    open_provider: OpenProvider,
+) -> None:
+    data = b"compressible " * 200
+    await committed(open_provider(Codecs()).segment(COMMIT_LOG, QUEUE, 0), data)
+    await committed(open_provider(COMPRESSING).segment(COMMIT_LOG, QUEUE, 1000), data)
+    await committed(open_provider(ENCRYPTING).segment(COMMIT_LOG, QUEUE, 2000), data)
+    # A reader holding no key at all still learns which key wraps a segment (db rebuild, keys list).
+    keyless = open_provider(Codecs())
+    found = [await keyless.segment(COMMIT_LOG, QUEUE, base).stored_key_id() for base in (0, 1000, 2000, 3000)]
+    assert found == [None, None, "a", None]
+
+
 def framed_format(segment: FileSegment) -> SegmentFormat:
     # POSIX: the chunked segment sits behind the file's handle.
     chunked = getattr(segment, "_chunked", None) or segment

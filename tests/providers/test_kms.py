@@ -23,8 +23,8 @@ from tieredstore.providers.kms import KmsKeys
 from tieredstore.providers.s3_options import S3Options
 from tieredstore.providers.testing import COMMIT_LOG, QUEUE, committed, payload
 from tieredstore.runtime import open_cold_provider
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.session import open_scan_provider
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.session import open_scan_provider
 
 DATA_KEY = bytes(range(32, 64))
 

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from tests.spark.helpers import BROKER, CLUSTER, Archive, archive_messages, make_message, sort_key, spark_row
 from tieredstore.errors import CorruptRecordError
 from tieredstore.formats.naming import FileType, queue_path, segment_key
-from tieredstore.spark import ReadStats, ScanOptions, plan_partitions, read_partition
+from tieredstore.scan import ReadStats, ScanOptions, plan_partitions, read_partition
 
 pytestmark = pytest.mark.spark
 
@@ -65,7 +65,7 @@ def test_skip_counts_in_stats_and_the_log(damaged: tuple[Archive, str], caplog: 
     archive, key = damaged
     options = ScanOptions.parse({"path": TOPIC, **archive.options(on_corrupt="skip")})
     stats = ReadStats()
-    with caplog.at_level(logging.WARNING, logger="tieredstore.spark"):
+    with caplog.at_level(logging.WARNING, logger="tieredstore.scan"):
         rows = [
             row
             for plan in plan_partitions(options)

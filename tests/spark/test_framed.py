@@ -32,7 +32,7 @@ from tests.cli.helpers import invoke
 from tests.fixtures.s3 import S3Server
 from tieredstore.providers.chunks import ObjectInfo
 from tieredstore.providers.s3 import S3ObjectStore
-from tieredstore.spark import ScanOptions, plan_partitions, read_partition
+from tieredstore.scan import ScanOptions, plan_partitions, read_partition
 from tieredstore.spark.source import TieredStorePartition, TieredStoreReader
 
 pytestmark = pytest.mark.spark

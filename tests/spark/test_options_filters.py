@@ -19,7 +19,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from tieredstore.errors import ConfigError, InvalidTopicError
-from tieredstore.spark import ARROW_SCHEMA, OnCorrupt, ScanOptions, push_filters, spark_schema
+from tieredstore.scan import ARROW_SCHEMA, OnCorrupt, ScanOptions
+from tieredstore.spark import push_filters, spark_schema
 
 UTC = datetime.UTC
 

@@ -16,9 +16,9 @@ from tieredstore.providers.base import FileSegment
 from tieredstore.providers.chunks import ObjectInfo
 from tieredstore.providers.registry import open_provider
 from tieredstore.providers.s3 import S3ObjectStore
-from tieredstore.spark import ScanOptions, layout, plan_partitions, planning, read_partition
-from tieredstore.spark.filters import ScanFilter
-from tieredstore.spark.planning import PartitionPlan
+from tieredstore.scan import ScanOptions, layout, plan_partitions, planning, read_partition
+from tieredstore.scan.filters import ScanFilter
+from tieredstore.scan.planning import PartitionPlan
 
 pytestmark = pytest.mark.spark
 

@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.spark.conftest import BIG_BODY, ORDER_QUEUES
 from tests.spark.helpers import Archive, Row, sort_key, spark_row, store_timestamp
-from tieredstore.spark import ScanOptions, plan_partitions
+from tieredstore.scan import ScanOptions, plan_partitions
 from tieredstore.spark.source import TieredStorePartition, TieredStoreReader
 
 pytestmark = pytest.mark.spark

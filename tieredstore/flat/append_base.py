@@ -215,11 +215,15 @@ class AppendFileBase:
         )
         self._recorded_sizes[segment.base_offset] = segment.commit_position
 
-    async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
-        # Recorded before any byte is written, so that no encrypted segment is ever without its key id.
+    def _policy_key_id(self, base_offset: int) -> str | None:
+        """The key that will wrap the segment at ``base_offset`` if its first byte is written now."""
         codecs = self.provider.codecs
         codec = codecs.for_segment(SegmentId(self.file_type, self.path, base_offset))
-        key_id = codecs.keyring.active if codec is not None and codec.encrypt else None
+        return codecs.keyring.active if codec is not None and codec.encrypt else None
+
+    async def _start_segment(self, base_offset: int, timestamp: int | None) -> None:
+        # Recorded before any byte is written, so that no encrypted segment is ever without its key id.
+        key_id = self._policy_key_id(base_offset)
         await asyncio.to_thread(
             self.metadata.add_segment,
             self.path,

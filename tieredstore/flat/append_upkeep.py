@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tieredstore.errors import ValidationError
 from tieredstore.flat.append_base import RECOVERABLE_STATUSES, AppendFileBase
 from tieredstore.metadata import SegmentRecord, SegmentStatus, SegmentUpdate
+from tieredstore.providers.base import FileSegment
 
 
 class AppendUpkeep(AppendFileBase):
@@ -140,13 +141,31 @@ class AppendUpkeep(AppendFileBase):
                 segment.close()
             self.segments.append(segment)
             self._recorded_sizes[record.base_offset] = record.size
+        key_ids = {record.base_offset: record.key_id for record in records}
         for segment in self.segments:
             if segment.is_closed:
                 continue
             real = await segment.correct_commit_position()
             corrected = corrected or real != self._recorded_sizes[segment.base_offset]
+            if real == 0:
+                await self._correct_key_id(segment, key_ids[segment.base_offset])
         self._held_memo = None
         return corrected
+
+    async def _correct_key_id(self, segment: FileSegment, recorded: str | None) -> None:
+        """Record the key a segment holding no byte yet will be wrapped by: one started before a restart
+        with another active key is written under its stored ``.codec`` if one exists, else under today's
+        key. A stale row would let ``keys list`` call a key unused that data needs; where storage cannot
+        tell (a ``.codec`` without a key), today's key is named, which errs towards keeping a key."""
+        key_id = await segment.stored_key_id() or self._policy_key_id(segment.base_offset)
+        if key_id == recorded:
+            return
+        await asyncio.to_thread(
+            self.metadata.update_segment,
+            SegmentUpdate(self.path, self.file_type, segment.base_offset, key_id=key_id),
+            queue=self.queue,
+            expected_epoch=self._held_epoch(),
+        )
 
     def load(self, records: Sequence[SegmentRecord], *, limit_offset: int | None = None) -> None:
         """Become a read-only view of ``records`` as recorded: no provider call, no repair, no writes.

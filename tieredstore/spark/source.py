@@ -5,7 +5,7 @@ Spark runs each piece in a Python worker: ``schema`` when ``load()`` is called, 
 the metadata database must be reachable), and ``read`` once per partition in a task. The reader is
 pickled to the tasks with its options, which is how S3 credentials reach executors; they are in no
 partition and in no ``repr``. Keys do not travel at all: the options name a keyring file or variable,
-and each worker loads the keyring where it runs (``tieredstore.spark.session``). A query that gives a
+and each worker loads the keyring where it runs (``tieredstore.scan.session``). A query that gives a
 schema of its own (``.schema(...)``) gets only those columns, and only those are built.
 """
 
@@ -18,12 +18,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from tieredstore.spark.filters import ScanFilter, push_filters
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.planning import PartitionPlan, plan_partitions
-from tieredstore.spark.reading import read_partition
-from tieredstore.spark.schema import ARROW_SCHEMA, requested_columns, spark_schema
-from tieredstore.spark.session import scan_codecs
+from tieredstore.scan.filters import ScanFilter
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.planning import PartitionPlan, plan_partitions
+from tieredstore.scan.reading import read_partition
+from tieredstore.scan.schema import ARROW_SCHEMA
+from tieredstore.scan.session import scan_codecs
+from tieredstore.spark.filters import push_filters
+from tieredstore.spark.schema import requested_columns, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tieredstore.formats.message import NAME_VALUE_SEPARATOR, PROPERTY_KEYS, PROPERTY_SEPARATOR
-from tieredstore.spark.buffers import Int64Array, gather_ranges, string_array
+from tieredstore.scan.buffers import Int64Array, gather_ranges, string_array
 
 _NAME_VALUE = ord(NAME_VALUE_SEPARATOR)
 _PAIR_END = ord(PROPERTY_SEPARATOR)

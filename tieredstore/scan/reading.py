@@ -2,14 +2,14 @@
 into Arrow.
 
 Partitions run in an event loop and through a provider that a Python worker keeps from one partition
-to the next (``tieredstore.spark.session``). A partition is read through ``ColdQueueReader`` like every
+to the next (``tieredstore.scan.session``). A partition is read through ``ColdQueueReader`` like every
 other cold read: windows of ``read_block_bytes`` split from the commit log, whose records lie back to back,
 without the consume queue (which has the last word where a split does not check out); offsets lost before
 they were archived come as a ``LostRange`` between windows. The consume queue is also read to step over
 a corrupt record, whose length cannot be trusted.
 
 Runs of records in the common layout (v1 magic, IPv4 hosts) are checked and turned into Arrow columns a
-whole run at a time (``tieredstore.spark.columns``). A record that run path does not take is decoded
+whole run at a time (``tieredstore.scan.columns``). A record that run path does not take is decoded
 here on its own: field by field in the common layout, where a failed check gets its precise message,
 and through ``tieredstore.formats.message.decode`` in any other layout. Every path checks the same
 things: magic, sizes, body CRC, and that the record is the one the consume queue promised (topic, queue
@@ -47,13 +47,13 @@ from tieredstore.formats.message import (
 from tieredstore.formats.naming import FileType
 from tieredstore.formats.records import Int64Array, Layout, PackedRun, store_timestamps_of
 from tieredstore.providers.base import Provider
-from tieredstore.spark.columns import RunColumns, checked_prefix
-from tieredstore.spark.layout import ArchiveView
-from tieredstore.spark.options import OnCorrupt, ScanOptions
-from tieredstore.spark.planning import PartitionPlan
-from tieredstore.spark.properties import parse_properties, split_keys
-from tieredstore.spark.schema import ARROW_SCHEMA
-from tieredstore.spark.session import read_session
+from tieredstore.scan.columns import RunColumns, checked_prefix
+from tieredstore.scan.layout import ArchiveView
+from tieredstore.scan.options import OnCorrupt, ScanOptions
+from tieredstore.scan.planning import PartitionPlan
+from tieredstore.scan.properties import parse_properties, split_keys
+from tieredstore.scan.schema import ARROW_SCHEMA
+from tieredstore.scan.session import read_session
 
 log = logging.getLogger(__name__)
 

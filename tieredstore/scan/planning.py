@@ -27,16 +27,16 @@ from dataclasses import dataclass
 from tieredstore.formats.consume_queue import UNIT_SIZE
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.base import Provider
-from tieredstore.spark.filters import ScanFilter
-from tieredstore.spark.layout import (
+from tieredstore.scan.filters import ScanFilter
+from tieredstore.scan.layout import (
     ArchiveView,
     QueueLayout,
     SegmentSpan,
     layouts_by_listing,
     layouts_from_metadata,
 )
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.session import open_scan_provider
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.session import open_scan_provider
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,16 @@
-"""Options of the ``tieredstore`` Spark source: parsed once, validated, secrets kept out of every repr.
+"""Options of a scan: parsed once, validated, secrets kept out of every repr.
 
 Spark hands a data source a case-insensitive dict of strings. ``ScanOptions.parse`` turns it into one
 frozen object; an unknown or malformed option is a ConfigError naming the known ones, so a typo such
-as ``cold_uri`` fails at ``load()`` instead of scanning the wrong place.
+as ``cold_uri`` fails at ``load()`` instead of scanning the wrong place. ``ScanOptions.from_config``
+builds the same object from a node's ``TieredStoreConfig`` (the table sync and the archiver).
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import validate_topic
 from tieredstore.metadata.engine import parse_url, safe_url
 from tieredstore.providers.registry import redact_url, url_scheme
+from tieredstore.runtime import provider_options
 
 DEFAULT_MAX_PARTITION_BYTES = 128 * MIB
 DEFAULT_READ_BLOCK_BYTES = 16 * MIB
@@ -204,6 +206,23 @@ class ScanOptions:
             planning_concurrency=_positive_int(lowered, "planning_concurrency", DEFAULT_PLANNING_CONCURRENCY),
             on_corrupt=on_corrupt,
             keyring=_keyring(lowered),
+        )
+
+    @classmethod
+    def from_config(cls, config: TieredStoreConfig, topics: Iterable[str]) -> ScanOptions:
+        """Options to scan ``topics`` of the archive ``config`` describes: its metadata database, cold URL
+        with its S3 settings, cluster, broker and keyring; scan tuning at its defaults."""
+        names = tuple(dict.fromkeys(validate_topic(topic) for topic in topics))
+        if not names:
+            raise ConfigError("no topic given to scan")
+        return cls(
+            topics=names,
+            cold_url=config.effective_cold_url,
+            metadata_url=config.effective_metadata_url,
+            cluster=config.cluster,
+            broker=config.broker,
+            provider_options=provider_options(config),
+            keyring=config.encryption,
         )
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ The batch record engine (``tieredstore.formats.records``) gives every record's f
 positions at once; here they are checked against what the consume queue promised (sizes, body CRC, topic,
 queue id, queue offset) and turned into Arrow columns with numpy gathers, not per-row Python objects. Only
 the columns a query asked for are built. A record this path does not take (another layout, or one that
-fails a check) is left to the row-by-row decoder in ``tieredstore.spark.reading``, which explains it with
+fails a check) is left to the row-by-row decoder in ``tieredstore.scan.reading``, which explains it with
 the same message as ever.
 """
 
@@ -28,9 +28,9 @@ from tieredstore.formats.message import (
     SYSFLAG_STOREHOST_V6,
 )
 from tieredstore.formats.records import Expected, Layout, PackedRun, first_problem, store_timestamps_of
-from tieredstore.spark.buffers import ByteArray, Int64Array, gather_ranges, repeated_string, string_array
-from tieredstore.spark.properties import Pairs, parse_properties, split_keys, split_pairs
-from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.scan.buffers import ByteArray, Int64Array, gather_ranges, repeated_string, string_array
+from tieredstore.scan.properties import Pairs, parse_properties, split_keys, split_pairs
+from tieredstore.scan.schema import ARROW_SCHEMA
 
 BoolArray = npt.NDArray[np.bool_]
 

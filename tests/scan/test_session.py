@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tieredstore.spark.options import ScanOptions
-from tieredstore.spark.session import read_session
+from tieredstore.scan.options import ScanOptions
+from tieredstore.scan.session import read_session
 
 
 def _options(root: Path) -> ScanOptions:

@@ -13,12 +13,12 @@ import pytest
 
 from tests.spark.helpers import Archive, archive_messages, make_message, store_timestamp
 from tieredstore.formats.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY, HostAddress
-from tieredstore.spark import ScanOptions, plan_partitions, read_partition, reading
-from tieredstore.spark.columns import RowProperties
-from tieredstore.spark.filters import ScanFilter
-from tieredstore.spark.properties import split_pairs
-from tieredstore.spark.reading import PartitionScanner
-from tieredstore.spark.schema import ARROW_SCHEMA
+from tieredstore.scan import ScanOptions, plan_partitions, read_partition, reading
+from tieredstore.scan.columns import RowProperties
+from tieredstore.scan.filters import ScanFilter
+from tieredstore.scan.properties import split_pairs
+from tieredstore.scan.reading import PartitionScanner
+from tieredstore.scan.schema import ARROW_SCHEMA
 
 TOPIC = "mixed"
 

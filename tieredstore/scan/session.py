@@ -28,7 +28,7 @@ from tieredstore.providers.base import Provider
 from tieredstore.providers.codec import Codecs, check_cryptography
 from tieredstore.providers.registry import open_provider
 from tieredstore.providers.s3_options import S3Options
-from tieredstore.spark.options import ScanOptions
+from tieredstore.scan.options import ScanOptions
 
 
 def scan_codecs(options: ScanOptions) -> Codecs:
