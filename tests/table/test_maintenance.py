@@ -302,11 +302,13 @@ def test_trim_deletes_exactly_the_rows_below_the_low_offsets(setup: CatalogSetup
     assert all_rows(final) == expected
     assert summary_property(final, OFFSETS_PROPERTY) == offsets
     assert json.loads(summary_property(final, TRIMMED_PROPERTY) or "{}") == {"0": 1025}
-    # The same low offsets again: already recorded, nothing to do, no new snapshot.
+    # A sync commits on top (its snapshot carries the offsets, not the trim record), then the same low
+    # offsets again: already recorded in the history, nothing to do, no new snapshot.
+    append_messages(final, messages(0, 2000, 5, 1))
     head = final.current_snapshot()
     assert trim(final, low) == 0
     assert final.current_snapshot() == head
-    # A later trim of the other queue keeps queue 0's record.
+    # A later trim of the other queue keeps queue 0's record, found below the sync's snapshot.
     assert trim(final, {1: 3}) == 3
     assert json.loads(summary_property(final, TRIMMED_PROPERTY) or "{}") == {"0": 1025, "1": 3}
     assert final.scan(row_filter=EqualTo("queue_id", 1)).to_arrow().num_rows == len(

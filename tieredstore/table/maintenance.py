@@ -32,6 +32,7 @@ from tieredstore.table.maintenance_common import (
     TRIMMED_PROPERTY,
     CarriedProperties,
     head_snapshot,
+    latest_value,
     offsets_text,
     queue_offsets,
     summary_value,
@@ -136,7 +137,7 @@ def trim(table: Table, low_offsets: Mapping[int, int], *, attempts: int = DEFAUL
         head = head_snapshot(table)
         if head is None:
             return 0
-        done = queue_offsets(summary_value(head, TRIMMED_PROPERTY))
+        done = queue_offsets(latest_value(table, TRIMMED_PROPERTY))
         wanted = {queue: low for queue, low in low_offsets.items() if low > done.get(queue, 0)}
         if not wanted:
             return 0

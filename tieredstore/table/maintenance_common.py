@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table.snapshots import ancestors_of
 
 from tieredstore.errors import ConcurrentUpdateError, ValidationError
 from tieredstore.logs import get_logger
@@ -45,6 +46,19 @@ def summary_value(snapshot: Snapshot, name: str) -> str | None:
     return snapshot.summary.additional_properties.get(name) if snapshot.summary is not None else None
 
 
+def latest_value(table: Table, name: str) -> str | None:
+    """The property as the newest snapshot of the current history that has it says.
+
+    The head alone is not enough: a sync's snapshot carries ``tieredstore.offsets`` but not
+    ``tieredstore.trimmed``, and a snapshot of another tool may carry neither.
+    """
+    for snapshot in ancestors_of(head_snapshot(table), table.metadata):
+        value = summary_value(snapshot, name)
+        if value is not None:
+            return value
+    return None
+
+
 def queue_offsets(text: str | None) -> dict[int, int]:
     """Parse a ``{"<queue_id>": offset}`` summary value; absent means empty."""
     if text is None:
@@ -58,11 +72,12 @@ def offsets_text(offsets: Mapping[int, int]) -> str:
 
 
 class CarriedProperties(Mapping[str, str]):
-    """Summary properties of a maintenance snapshot, read from the table's head when pyiceberg builds it.
+    """Summary properties of a maintenance snapshot, read from the table's history when pyiceberg builds it.
 
-    ``derive`` may add or replace properties given the head's carried ones (trim merges its low offsets
-    into ``tieredstore.trimmed``). pyiceberg unpacks this mapping each time it builds the snapshot, also after
-    its own reload on a commit conflict, so the values always come from the snapshot that becomes the parent.
+    Each ``tieredstore.*`` property is taken from the newest snapshot that has it (``latest_value``).
+    ``derive`` may add or replace properties given those (trim merges its low offsets into
+    ``tieredstore.trimmed``). pyiceberg unpacks this mapping each time it builds the snapshot, also after its
+    own reload on a commit conflict, so the values always come from the history the snapshot lands on.
     """
 
     def __init__(self, table: Table, derive: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
@@ -70,13 +85,11 @@ class CarriedProperties(Mapping[str, str]):
         self._derive = derive
 
     def _values(self) -> dict[str, str]:
-        head = head_snapshot(self._table)
         carried: dict[str, str] = {}
-        if head is not None:
-            for name in CARRIED_PROPERTIES:
-                value = summary_value(head, name)
-                if value is not None:
-                    carried[name] = value
+        for name in CARRIED_PROPERTIES:
+            value = latest_value(self._table, name)
+            if value is not None:
+                carried[name] = value
         if self._derive is not None:
             carried = self._derive(carried)
         return carried
