@@ -2,7 +2,7 @@
 
 Library functions on a pyiceberg ``Table``; the caller (``table compact``, the archiver) opens the table
 and passes the settings. Every snapshot committed here carries the sync's bookmark ``tieredstore.offsets``
-forward from its parent unchanged (``maintenance_common.CarriedProperties``); trim also records
+forward unchanged from the history it lands on (``maintenance_common.CarriedProperties``); trim also records
 ``tieredstore.trimmed``, the highest low offset applied per queue. A lost commit race reloads the table and
 tries again, ``attempts`` times in all, then raises ``ConcurrentUpdateError``.
 
