@@ -9,7 +9,11 @@ this one for a cluster, topic or queue.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, MetadataUnavailableError, MissingExtraError
@@ -74,6 +78,20 @@ def file_io_properties(config: TieredStoreConfig) -> dict[str, str]:
     return properties
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextmanager
+def catalog_errors(topic: str) -> Iterator[None]:
+    """The SQL catalog's database failing mid-sync (down, locked) as MetadataUnavailableError, one line."""
+    try:
+        yield
+    except SQLAlchemyError as error:
+        raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {_first_line(error)}") from error
+
+
 def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Catalog:
     """The catalog of ``config``: REST when ``[table] catalog_uri`` names one, else SQL in the metadata database.
 
@@ -97,5 +115,4 @@ def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Ca
         raise
     except Exception as error:  # pyiceberg and SQLAlchemy raise many kinds; one line says where
         where = redact_url(uri) if uri is not None else safe_url(config.effective_metadata_url)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {reason}") from error
+        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {_first_line(error)}") from error
