@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.baselines import tree_bytes
 from benchmarks.cold_codecs import fill_demo_hot_store, stored_in_directory
 from benchmarks.harness import BenchmarkContext, Contender, Measurement, Metric, Target, benchmark
 from benchmarks.tables import data_files, fresh_namespace, sync_tables
@@ -27,10 +28,6 @@ QUICK_MESSAGES = 1_000
 QUEUES = 16
 BODY_BYTES = 1024
 TARGET = Target.at_most(1.1, "≤ 1.1x the commit log's bytes")
-
-
-def _tree_bytes(root: Path) -> int:
-    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
 
 
 def _sides(hot: HotData, topics: tuple[str, ...]) -> tuple[Contender, Contender]:
@@ -46,7 +43,7 @@ def _sides(hot: HotData, topics: tuple[str, ...]) -> tuple[Contender, Contender]
         synced = sync_tables(config, expected=hot.messages, topics=topics)
         files = [file for topic in topics for file in data_files(config, topic)]
         parquet = sum(file.size for file in files)
-        everything = _tree_bytes(Path(config.effective_cold_url) / TABLES_FOLDER)
+        everything = tree_bytes([Path(config.effective_cold_url) / TABLES_FOLDER])
         return Measurement(
             seconds=synced.seconds,
             items=hot.messages,
