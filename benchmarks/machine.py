@@ -26,6 +26,7 @@ KEY_PACKAGES = (
     "fsspec",
     "pyspark",
     "pyarrow",
+    "pyiceberg",
     "psutil",
     "matplotlib",
     "zlib-ng",

@@ -61,10 +61,12 @@ def config_for(
     index: Mapping[str, Any] | None = None,
     read: Mapping[str, Any] | None = None,
     codecs: Mapping[str, Mapping[str, Any]] | None = None,
+    table: Mapping[str, Any] | None = None,
 ) -> TieredStoreConfig:
     """A node config under ``data_dir`` (POSIX cold tier and SQLite in it unless given), hot files kept small.
 
-    ``codecs``: the ``cold`` and ``encryption`` sections (:func:`codec_sections`), framing new segments.
+    ``codecs``: the ``cold`` and ``encryption`` sections (:func:`codec_sections`), framing new segments;
+    ``table``: the ``[table]`` section (a namespace per round keeps each round's Iceberg table apart).
     """
     values: dict[str, Any] = {
         "data_dir": data_dir,
@@ -77,6 +79,7 @@ def config_for(
         "archiver": dict(archiver or {}),
         "index": dict(index or {}),
         "read": dict(read or {}),
+        "table": dict(table or {}),
     }
     values.update(codecs or {})
     if cold_url is not None:

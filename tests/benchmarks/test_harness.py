@@ -341,3 +341,22 @@ def test_hot_store_put_measures_keyed_puts_beside_raw_appends_and_beside_unkeyed
             f"{put} keyed, async flush",
         )
         assert against_unkeyed["target"]["min_ratio"] == 0.8
+
+
+def test_table_bytes_counts_the_tables_parquet_files_against_the_commit_logs_bytes(tmp_path: Path) -> None:
+    registry, _ = discover()
+
+    document = run_one(registry["table_bytes"], quick=True, out_dir=tmp_path)
+
+    assert document["status"] == "ok", document["error"]
+    (comparison,) = document["comparisons"]
+    assert comparison["name"] == "Parquet vs commit log, unique random bodies"
+    messages = document["parameters"]["messages"]
+    # Random bodies do not compress: both sides must hold every body's bytes, or they counted the wrong files.
+    body_bytes = messages * 1024
+    commit_log, parquet = comparison["baseline"]["values"][0], comparison["ours"]["values"][0]
+    # A record's header (~100 bytes here) comes on top of its 1 KiB body, and nothing else is in the commit log.
+    assert body_bytes < commit_log < 1.2 * body_bytes
+    assert parquet > body_bytes
+    extras = comparison["ours"]["extras"]
+    assert extras["data_files"]["median"] >= 1 and extras["metadata_bytes"]["median"] > 0
