@@ -154,3 +154,21 @@ def test_the_archivers_table_sync_compacts_every_compact_interval(pair_node: Tab
     assert background.compactions >= 1
     assert len(data_files(pair_node.table())) == 1
     assert_rows_are_the_archive(pair_node)
+
+
+def test_a_sync_sets_the_metadata_bounds_again_on_a_table_that_lost_them(pair_node: TableNode) -> None:
+    pair_node.put({(TOPIC, 0): messages(0, range(0, 5))})
+    sync(pair_node)
+    table = pair_node.table()
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    with table.transaction() as transaction:  # as another tool might
+        transaction.set_properties(
+            {"write.metadata.delete-after-commit.enabled": "false", "commit.retry.num-retries": "4"}
+        )
+
+    sync(pair_node)
+
+    properties = pair_node.table().properties
+    assert properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert properties["write.metadata.previous-versions-max"] == str(METADATA_VERSIONS_KEPT)
+    assert properties["commit.retry.num-retries"] == "0"
