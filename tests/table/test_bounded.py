@@ -172,3 +172,26 @@ def test_a_sync_sets_the_metadata_bounds_again_on_a_table_that_lost_them(pair_no
     assert properties["write.metadata.delete-after-commit.enabled"] == "true"
     assert properties["write.metadata.previous-versions-max"] == str(METADATA_VERSIONS_KEPT)
     assert properties["commit.retry.num-retries"] == "0"
+
+
+def test_a_lost_sqlite_metadata_file_rebuilt_from_cold_gets_its_table_back(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    node = table_node_on("posix-sqlite", request, tmp_path)
+    node.put({(TOPIC, 0): messages(0, range(0, 50)), (TOPIC, 1): messages(1, range(0, 30))})
+    assert sync(node)["rows_added"] == 80
+    files = sorted(data_files(node.table()))
+    # The SQLite file, and with it the catalog, is lost; the archive's metadata is rebuilt from the cold tier.
+    (node.node.data_dir / "metadata.db").rename(node.node.data_dir / "lost.db")
+    rebuilt = node("db", "rebuild", "--from-cold", output="json")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+
+    report = sync(node)
+
+    assert (report["registered"], report["rows_added"], report["orphans_deleted"]) == (True, 0, 0)
+    assert sorted(data_files(node.table())) == files
+    assert all(Path(path.removeprefix("file://")).exists() for path in files)
+    assert_rows_are_the_archive(node)
+    node.put({(TOPIC, 1): messages(1, range(30, 42))})
+    assert sync(node)["rows_added"] == 12
+    assert_rows_are_the_archive(node)
