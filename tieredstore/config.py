@@ -420,6 +420,20 @@ class TableSettings(_Section):
         default=False,
         description="sync even with [encryption] active_key set: the table's Parquet files are not encrypted",
     )
+    snapshot_max_age: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="seconds a table snapshot is kept: each sync expires older ones (and files only they "
+        "referenced), beyond the newest snapshot_retain_last",
+    )
+    snapshot_retain_last: int = Field(
+        default=10, ge=1, description="newest snapshots each sync keeps whatever their age (time travel, readers)"
+    )
+    compact_interval: float = Field(
+        default=3600.0,
+        ge=0,
+        description="seconds between the archiver's compactions of each table (small sync files merged); 0: never",
+    )
 
 
 class IndexSettings(_Section):

@@ -1,50 +1,33 @@
-"""Iceberg tables for the maintenance tests, built without the sync (which another change brings).
+"""Iceberg tables for the maintenance tests, shaped as the sync makes them but filled without an archive.
 
 ``table_catalog`` (fixture, parametrised over catalog x warehouse): a ``CatalogSetup`` whose ``open()`` gives a
 pyiceberg SqlCatalog on SQLite in tmp_path or on a fresh PostgreSQL database, with its warehouse on a POSIX
 directory or in a moto S3 bucket over HTTP; ``open()`` again gives a second, independent catalog client
-(a concurrent writer). ``message_table`` creates a table with the archive's key columns, partitioned by
-day(store_timestamp), and ``append_messages`` appends a batch in one snapshot that carries
+(a concurrent writer). ``message_table`` creates a table with the sync's schema, partitioning, order and
+properties (so pyiceberg's commit retries are off, as on every table of ours), and ``append_messages``
+appends a batch in one snapshot that carries
 ``tieredstore.offsets`` like a sync would, so several calls leave many small files.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.transforms import DayTransform
-from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+
+from tieredstore.scan import ARROW_SCHEMA
+from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
+from tieredstore.table.schema import iceberg_schema, partition_spec, sort_order, table_properties
 
 NAMESPACE = "maint"
 DAY0 = datetime(2026, 11, 1, tzinfo=UTC)
-
-ICEBERG_SCHEMA = Schema(
-    NestedField(1, "topic", StringType(), required=True),
-    NestedField(2, "queue_id", IntegerType(), required=True),
-    NestedField(3, "queue_offset", LongType(), required=True),
-    NestedField(4, "store_timestamp", TimestamptzType(), required=True),
-    NestedField(5, "body", BinaryType(), required=False),
-)
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("queue_id", pa.int32(), nullable=False),
-        pa.field("queue_offset", pa.int64(), nullable=False),
-        pa.field("store_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("body", pa.binary(), nullable=True),
-    ]
-)
-DAY_SPEC = PartitionSpec(PartitionField(source_id=4, field_id=1000, transform=DayTransform(), name="store_day"))
+# The columns these tests fill and compare; the sync's other columns stay null.
+KEY_COLUMNS = ("topic", "queue_id", "queue_offset", "store_timestamp", "body")
 Row = tuple[str, int, int, datetime, bytes]
 
 
@@ -90,39 +73,44 @@ def make_setup(pair: str, request: pytest.FixtureRequest, tmp_path: Path) -> Cat
 
 def message_table(catalog: SqlCatalog, name: str = "orders", **properties: str) -> Table:
     catalog.create_namespace_if_not_exists(NAMESPACE)
-    return catalog.create_table((NAMESPACE, name), schema=ICEBERG_SCHEMA, partition_spec=DAY_SPEC,
-                                properties=properties)
+    schema = iceberg_schema()
+    return catalog.create_table(
+        (NAMESPACE, name),
+        schema=schema,
+        partition_spec=partition_spec(schema),
+        sort_order=sort_order(schema),
+        properties={**table_properties(128 * 1024 * 1024), **properties},
+    )
 
 
 def messages(queue_id: int, start: int, count: int, day: int, topic: str = "orders") -> pa.Table:
     """``count`` messages of one queue from offset ``start``, stored on day ``day`` after DAY0."""
     offsets = list(range(start, start + count))
-    return pa.table(
-        {
-            "topic": [topic] * count,
-            "queue_id": [queue_id] * count,
-            "queue_offset": offsets,
-            "store_timestamp": [DAY0 + timedelta(days=day, seconds=offset) for offset in offsets],
-            "body": [f"q{queue_id}-o{offset}-".encode() * 8 for offset in offsets],
-        },
-        schema=ARROW_SCHEMA,
-    )
+    filled = {
+        "topic": [topic] * count,
+        "queue_id": [queue_id] * count,
+        "queue_offset": offsets,
+        "store_timestamp": [DAY0 + timedelta(days=day, seconds=offset) for offset in offsets],
+        "body": [f"q{queue_id}-o{offset}-".encode() * 8 for offset in offsets],
+    }
+    columns = [
+        filled[f.name] if f.name in filled else pa.nulls(count, type=f.type) for f in ARROW_SCHEMA
+    ]
+    return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def append_messages(table: Table, batch: pa.Table) -> None:
     """Append ``batch`` in one snapshot whose ``tieredstore.offsets`` moves past it, as a sync commits."""
-    head = table.current_snapshot()
-    text = head.summary.additional_properties.get("tieredstore.offsets") if head is not None else None
-    offsets: dict[str, Any] = json.loads(text) if text else {}
+    offsets = read_offsets(table)
     for queue_id, offset in zip(batch["queue_id"].to_pylist(), batch["queue_offset"].to_pylist(), strict=True):
-        offsets[str(queue_id)] = max(offsets.get(str(queue_id), 0), offset + 1)
-    table.append(batch, snapshot_properties={"tieredstore.offsets": json.dumps(offsets, sort_keys=True)})
+        offsets[queue_id] = max(offsets.get(queue_id, 0), offset + 1)
+    table.append(batch, snapshot_properties={OFFSETS_PROPERTY: encode_offsets(offsets)})
 
 
 def all_rows(table: Table) -> list[Row]:
     """Every row of the current snapshot, sorted, as plain tuples (so equal lists mean identical rows)."""
     data = table.scan().to_arrow()
-    rows = zip(*(data[name].to_pylist() for name in ARROW_SCHEMA.names), strict=True)
+    rows = zip(*(data[name].to_pylist() for name in KEY_COLUMNS), strict=True)
     return sorted(rows)
 
 

@@ -3,12 +3,16 @@
 A sync plans and reads with event loops of its own and blocks on pyiceberg's writes and catalog commits, so
 it runs in a worker thread and never holds up the archiver's event loop. A topic whose sync fails is
 logged, counted (``tieredstore_table_sync_failures``) and tried again on the next interval.
+
+Each table is also compacted every ``[table] compact_interval`` (0: never), after its sync: one-minute syncs
+would otherwise leave a long-running table as thousands of small files.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -18,7 +22,10 @@ from tieredstore.metadata import MetadataStore
 from tieredstore.metrics import Metrics
 from tieredstore.table.catalog import open_catalog
 from tieredstore.table.status import synced_topics
-from tieredstore.table.sync import TableSyncer, require_unencrypted_allowed
+from tieredstore.table.sync import TableSyncer, compact_topic, require_unencrypted_allowed
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +39,10 @@ class BackgroundTableSync:
         self.config = config
         self.metrics = metrics
         self.rounds = 0
+        self.compactions = 0
+        # When each topic's table was last compacted (monotonic seconds); the first comes one interval after start.
+        self._compacted: dict[str, float] = {}
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="table-sync", daemon=True)
 
@@ -78,7 +89,28 @@ class BackgroundTableSync:
                     lag=result.lag,
                     seconds=round(result.seconds, 3),
                 )
+                self._compact_if_due(catalog, topic)
         except TieredStoreError as error:
             log.warning("table sync skipped: the catalog cannot be opened", error=str(error))
         finally:
             metadata.close()
+
+    def _compact_if_due(self, catalog: Catalog, topic: str) -> None:
+        interval = self.config.table.compact_interval
+        if interval <= 0 or time.monotonic() - self._compacted.get(topic, self._started) < interval:
+            return
+        try:
+            result = compact_topic(self.config, catalog, topic)
+        except Exception as error:  # noqa: BLE001 - a failed compaction is tried again next interval
+            log.warning("table compaction failed", topic=topic, error=str(error))
+            return
+        finally:
+            self._compacted[topic] = time.monotonic()
+        self.compactions += 1
+        log.info(
+            "table compacted",
+            topic=topic,
+            files_before=result.files_before,
+            files_after=result.files_after,
+            rows=result.rows,
+        )

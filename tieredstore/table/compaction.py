@@ -35,7 +35,7 @@ from tieredstore.errors import ConcurrentUpdateError, IntegrityError, Validation
 from tieredstore.logs import get_logger
 from tieredstore.table.maintenance_common import (
     DEFAULT_ATTEMPTS,
-    CarriedProperties,
+    carried_properties,
     head_snapshot,
     live_data_files,
     with_retries,
@@ -136,8 +136,7 @@ def commit_compaction(table: Table, plan: CompactionPlan, *, attempts: int = DEF
         if not pending:
             return None
         transaction = table.transaction()
-        # The cast: pyiceberg types the argument as dict but only unpacks it with **, which takes any mapping.
-        properties = cast("dict[str, str]", CarriedProperties(table))
+        properties = carried_properties(table)
         with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
             for rw in pending:
                 for old in rw.replaced:

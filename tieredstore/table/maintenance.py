@@ -2,7 +2,7 @@
 
 Library functions on a pyiceberg ``Table``; the caller (``table compact``, the archiver) opens the table
 and passes the settings. Every snapshot committed here carries the sync's bookmark ``tieredstore.offsets``
-forward unchanged from the history it lands on (``maintenance_common.CarriedProperties``); trim also records
+forward unchanged from the history it lands on (``maintenance_common.carried_properties``); trim also records
 ``tieredstore.trimmed``, the highest low offset applied per queue. A lost commit race reloads the table and
 tries again, ``attempts`` times in all, then raises ``ConcurrentUpdateError``.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyiceberg.utils.datetime import datetime_to_millis
@@ -28,16 +28,13 @@ from tieredstore.table.compaction import CompactionPlan, CompactResult, commit_c
 from tieredstore.table.maintenance_common import (
     CARRIED_PROPERTIES,
     DEFAULT_ATTEMPTS,
-    OFFSETS_PROPERTY,
     TRIMMED_PROPERTY,
-    CarriedProperties,
+    carried_properties,
     head_snapshot,
-    latest_value,
-    offsets_text,
-    queue_offsets,
     summary_value,
     with_retries,
 )
+from tieredstore.table.offsets import OFFSETS_PROPERTY, decode_offsets, encode_offsets, latest_value
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -137,17 +134,17 @@ def trim(table: Table, low_offsets: Mapping[int, int], *, attempts: int = DEFAUL
         head = head_snapshot(table)
         if head is None:
             return 0
-        done = queue_offsets(latest_value(table, TRIMMED_PROPERTY))
+        done = _decoded(latest_value(table, TRIMMED_PROPERTY))
         wanted = {queue: low for queue, low in low_offsets.items() if low > done.get(queue, 0)}
         if not wanted:
             return 0
         known = {snapshot.snapshot_id for snapshot in table.metadata.snapshots}
 
         def record_trimmed(carried: dict[str, str]) -> dict[str, str]:
-            trimmed = queue_offsets(carried.get(TRIMMED_PROPERTY))
+            trimmed = _decoded(carried.get(TRIMMED_PROPERTY))
             for queue, low in wanted.items():
                 trimmed[queue] = max(trimmed.get(queue, 0), low)
-            return {**carried, TRIMMED_PROPERTY: offsets_text(trimmed)}
+            return {**carried, TRIMMED_PROPERTY: encode_offsets(trimmed)}
 
         transaction = table.transaction()
         with warnings.catch_warnings():
@@ -155,7 +152,7 @@ def trim(table: Table, low_offsets: Mapping[int, int], *, attempts: int = DEFAUL
             warnings.filterwarnings("ignore", message="Delete operation did not match any records")
             transaction.delete(
                 _below(wanted),
-                snapshot_properties=cast("dict[str, str]", CarriedProperties(table, record_trimmed)),
+                snapshot_properties=carried_properties(table, record_trimmed),
             )
         transaction.commit_transaction()
         # commit_transaction left the table at the metadata it committed, so the new snapshots are ours.
@@ -173,6 +170,11 @@ def _below(low_offsets: Mapping[int, int]) -> str:
     return " OR ".join(
         f"(queue_id = {queue} AND queue_offset < {low})" for queue, low in sorted(low_offsets.items())
     )
+
+
+def _decoded(text: str | None) -> dict[int, int]:
+    """A ``{"<queue_id>": offset}`` summary value as a map; absent means empty."""
+    return decode_offsets(text) if text is not None else {}
 
 
 def _records(snapshot: Snapshot, key: str) -> int:

@@ -1,31 +1,31 @@
 """What every maintenance commit shares: the sync's bookmark carried forward, the retry loop, live-file listing.
 
 A maintenance snapshot (compaction, trim) must carry the sync's exactly-once bookmark ``tieredstore.offsets``
-from its parent unchanged, or the next sync would restart from a stale offset and append rows twice. The
-parent is only known when pyiceberg builds the snapshot, which it does again after its own retry on a
-refreshed table, so the properties are a mapping read at that moment (``CarriedProperties``), never a copy
-taken while planning.
+from its parent unchanged, or the next sync would restart from a stale offset and append rows twice.
+
+The commit-conflict policy is the sync's (``table.sync``): the tables are created with pyiceberg's own commit
+retries off (``schema.NO_COMMIT_RETRIES``), so a commit that loses to another writer raises, and the caller
+reloads the table and plans again (``with_retries``). The carried properties are therefore read from the table
+as it is at each attempt (``carried_properties``): the snapshot is built on exactly that state, once.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.manifest import DataFile, DataFileContent
-from pyiceberg.table.snapshots import ancestors_of
 
 from tieredstore.errors import ConcurrentUpdateError, ValidationError
 from tieredstore.logs import get_logger
+from tieredstore.table.offsets import OFFSETS_PROPERTY, latest_value
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
-OFFSETS_PROPERTY = "tieredstore.offsets"
 TRIMMED_PROPERTY = "tieredstore.trimmed"
 CARRIED_PROPERTIES = (OFFSETS_PROPERTY, TRIMMED_PROPERTY)
 DEFAULT_ATTEMPTS = 5
@@ -46,62 +46,22 @@ def summary_value(snapshot: Snapshot, name: str) -> str | None:
     return snapshot.summary.additional_properties.get(name) if snapshot.summary is not None else None
 
 
-def latest_value(table: Table, name: str) -> str | None:
-    """The property as the newest snapshot of the current history that has it says.
-
-    The head alone is not enough: a sync's snapshot carries ``tieredstore.offsets`` but not
-    ``tieredstore.trimmed``, and a snapshot of another tool may carry neither.
-    """
-    for snapshot in ancestors_of(head_snapshot(table), table.metadata):
-        value = summary_value(snapshot, name)
-        if value is not None:
-            return value
-    return None
-
-
-def queue_offsets(text: str | None) -> dict[int, int]:
-    """Parse a ``{"<queue_id>": offset}`` summary value; absent means empty."""
-    if text is None:
-        return {}
-    return {int(queue): int(offset) for queue, offset in json.loads(text).items()}
-
-
-def offsets_text(offsets: Mapping[int, int]) -> str:
-    """The summary value for ``offsets``, keys sorted so equal maps give equal strings."""
-    return json.dumps({str(queue): offsets[queue] for queue in sorted(offsets)}, separators=(",", ":"))
-
-
-class CarriedProperties(Mapping[str, str]):
-    """Summary properties of a maintenance snapshot, read from the table's history when pyiceberg builds it.
+def carried_properties(
+    table: Table, derive: Callable[[dict[str, str]], dict[str, str]] | None = None
+) -> dict[str, str]:
+    """Summary properties of a maintenance snapshot built on ``table`` as now loaded.
 
     Each ``tieredstore.*`` property is taken from the newest snapshot that has it (``latest_value``).
     ``derive`` may add or replace properties given those (trim merges its low offsets into
-    ``tieredstore.trimmed``). pyiceberg unpacks this mapping each time it builds the snapshot, also after its
-    own reload on a commit conflict, so the values always come from the history the snapshot lands on.
+    ``tieredstore.trimmed``). Call it inside the ``with_retries`` action: with pyiceberg's retries off, the
+    snapshot lands on this state or not at all.
     """
-
-    def __init__(self, table: Table, derive: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
-        self._table = table
-        self._derive = derive
-
-    def _values(self) -> dict[str, str]:
-        carried: dict[str, str] = {}
-        for name in CARRIED_PROPERTIES:
-            value = latest_value(self._table, name)
-            if value is not None:
-                carried[name] = value
-        if self._derive is not None:
-            carried = self._derive(carried)
-        return carried
-
-    def __getitem__(self, key: str) -> str:
-        return self._values()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values())
-
-    def __len__(self) -> int:
-        return len(self._values())
+    carried: dict[str, str] = {}
+    for name in CARRIED_PROPERTIES:
+        value = latest_value(table, name)
+        if value is not None:
+            carried[name] = value
+    return derive(carried) if derive is not None else carried
 
 
 def with_retries(table: Table, attempts: int, what: str, action: Callable[[], T]) -> T:

@@ -43,6 +43,21 @@ def decode_offsets(text: str) -> dict[int, int]:
     return offsets
 
 
+def latest_value(table: Table, name: str) -> str | None:
+    """Summary property ``name`` as the newest snapshot of the current ancestry that has it says (or None).
+
+    The head alone is not enough: a sync's snapshot carries ``tieredstore.offsets`` but not
+    ``tieredstore.trimmed``, and a snapshot of another tool may carry neither.
+    """
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(table.metadata.current_snapshot(), table.metadata):
+        value = snapshot.summary.additional_properties.get(name) if snapshot.summary is not None else None
+        if value is not None:
+            return str(value)
+    return None
+
+
 def read_offsets(table: Table) -> dict[int, int]:
     """Each queue's table offset, from the newest snapshot of the current ancestry that carries them.
 
@@ -50,10 +65,5 @@ def read_offsets(table: Table) -> dict[int, int]:
     without it is stepped over, as its parent's offsets still hold. An empty table (or one without any
     offsets) has none: each queue then starts at its first archived offset.
     """
-    from pyiceberg.table.snapshots import ancestors_of
-
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        text = snapshot.summary[OFFSETS_PROPERTY] if snapshot.summary is not None else None
-        if text is not None:
-            return decode_offsets(str(text))
-    return {}
+    text = latest_value(table, OFFSETS_PROPERTY)
+    return decode_offsets(text) if text is not None else {}

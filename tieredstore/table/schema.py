@@ -89,13 +89,22 @@ def sort_order(schema: Schema) -> SortOrder:
 # with our offsets in the snapshot, that would append rows the other writer already appended. Sync replans
 # from the winner's offsets instead, so its tables must never retry on their own.
 NO_COMMIT_RETRIES = {"commit.retry.num-retries": "0"}
+# Every commit writes a new metadata.json; without these the table folder keeps all of them forever.
+METADATA_VERSIONS_KEPT = 20
+BOUNDED_METADATA = {
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": str(METADATA_VERSIONS_KEPT),
+}
+# What every sync makes so again (another tool may have changed it): retries off, metadata files bounded.
+ENFORCED_PROPERTIES = {**NO_COMMIT_RETRIES, **BOUNDED_METADATA}
 
 
 def table_properties(target_file_size: int) -> dict[str, str]:
-    """Parquet with zstd, data files of about ``target_file_size`` bytes, no commit retried by pyiceberg."""
+    """Parquet with zstd, data files of about ``target_file_size`` bytes, no commit retried by pyiceberg,
+    old metadata files deleted."""
     return {
         "write.format.default": "parquet",
         "write.parquet.compression-codec": "zstd",
         "write.target-file-size-bytes": str(target_file_size),
-        **NO_COMMIT_RETRIES,
+        **ENFORCED_PROPERTIES,
     }

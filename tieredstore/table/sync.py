@@ -12,6 +12,12 @@ Another syncer committing first makes our commit fail (the catalog checks the sn
 from): the table is reloaded and the work planned again from its new offsets, so no row is written
 twice. A crash between writing Parquet files and committing leaves files no snapshot references;
 ``remove_orphan_files`` deletes them once older than ``[table] orphan_grace``.
+
+After appending, a sync keeps the table bounded and honest: rows below a queue's first archived offset
+(retention removed them from the cold tier) are trimmed, snapshots older than ``[table] snapshot_max_age``
+beyond the newest ``snapshot_retain_last`` expire, and old metadata files are deleted on commit
+(``schema.BOUNDED_METADATA``). A topic whose table the catalog lost but whose folder still holds metadata
+gets that table registered again rather than a new one (``recovery``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,7 +38,14 @@ from tieredstore.scan import ARROW_SCHEMA, ScanOptions, scan_queue
 from tieredstore.table.catalog import catalog_errors, table_location
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
-from tieredstore.table.schema import NO_COMMIT_RETRIES, iceberg_schema, partition_spec, sort_order, table_properties
+from tieredstore.table.recovery import newest_metadata_location
+from tieredstore.table.schema import (
+    ENFORCED_PROPERTIES,
+    iceberg_schema,
+    partition_spec,
+    sort_order,
+    table_properties,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -102,6 +116,9 @@ class TopicSync(SummedProgress):
     commits: int = 0
     conflicts: int = 0
     orphans_deleted: int = 0
+    rows_trimmed: int = 0
+    snapshots_expired: int = 0
+    registered: bool = False  # the catalog had lost the table: its newest metadata file was registered again
     queues: list[QueueProgress] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -112,6 +129,9 @@ class TopicSync(SummedProgress):
             "commits": self.commits,
             "conflicts": self.conflicts,
             "orphans_deleted": self.orphans_deleted,
+            "rows_trimmed": self.rows_trimmed,
+            "snapshots_expired": self.snapshots_expired,
+            "registered": self.registered,
             "table_offset": self.table_offset,
             "archived_offset": self.archived_offset,
             "lag": self.lag,
@@ -134,38 +154,56 @@ def load_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Table
 
 
 def create_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Table:
-    """``topic``'s table, created (with its namespace) under the cold URL if it does not exist yet."""
+    """``topic``'s table, created (with its namespace) under the cold URL if it does not exist yet.
+
+    When the catalog has no table but the table's folder holds metadata (the catalog was lost), the newest
+    metadata file is registered instead: the old table comes back with its rows and offsets.
+    """
+    return open_table(catalog, config, topic)[0]
+
+
+def open_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple[Table, bool]:
+    """``create_table``'s table, and whether it was registered again from the metadata its folder held."""
     from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 
     existing = load_table(catalog, config, topic)
     if existing is not None:
-        return _without_commit_retries(existing)
+        return _with_enforced_properties(existing), False
     try:
         catalog.create_namespace(config.table.namespace)
     except NamespaceAlreadyExistsError:
         pass
     schema = iceberg_schema()
+    identifier = table_identifier(config, topic)
     try:
+        metadata_location = newest_metadata_location(config, topic)
+        if metadata_location is not None:
+            table = catalog.register_table(identifier, metadata_location)
+            log.warning(
+                "table %s: the catalog had no table but %s exists; registered it again", topic, metadata_location
+            )
+            return _with_enforced_properties(table), True
         return catalog.create_table(
-            table_identifier(config, topic),
+            identifier,
             schema,
             location=table_location(config, topic),
             partition_spec=partition_spec(schema),
             sort_order=sort_order(schema),
             properties=table_properties(config.table.target_file_size),
-        )
+        ), False
     except TableAlreadyExistsError:
         # Another syncer created it between our look and our create: theirs is the same table.
-        return _without_commit_retries(catalog.load_table(table_identifier(config, topic)))
+        return _with_enforced_properties(catalog.load_table(identifier)), False
 
 
-def _without_commit_retries(table: Table) -> Table:
-    """``table``, its property that makes pyiceberg retry lost commits set to none (another tool may have
-    changed it): a retried append would carry offsets the winning commit already passed."""
-    if all(table.properties.get(name) == value for name, value in NO_COMMIT_RETRIES.items()):
+def _with_enforced_properties(table: Table) -> Table:
+    """``table`` with ``ENFORCED_PROPERTIES`` set (another tool may have changed them): pyiceberg's retry of a
+    lost commit off, as a retried append would carry offsets the winning commit already passed; and old
+    metadata files deleted, so the table's folder stays bounded."""
+    if all(table.properties.get(name) == value for name, value in ENFORCED_PROPERTIES.items()):
         return table
     with table.transaction() as transaction:
-        transaction.set_properties(NO_COMMIT_RETRIES)
+        transaction.set_properties(ENFORCED_PROPERTIES)
     return table
 
 
@@ -218,8 +256,8 @@ class TableSyncer:
     def _sync_topic(self, topic: str, before_commit: Callable[[], None] | None) -> TopicSync:
         started = time.monotonic()
         self.metadata.get_topic(topic)  # NotFoundError for a topic the archive does not know
-        table = create_table(self.catalog, self.config, topic)
-        result = TopicSync(topic)
+        table, registered = open_table(self.catalog, self.config, topic)
+        result = TopicSync(topic, registered=registered)
         result.orphans_deleted = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
         while True:
             try:
@@ -232,10 +270,25 @@ class TableSyncer:
                         f"table {topic}: {MAX_CONFLICTS} commits in a row lost to other syncers; try again"
                     ) from None
                 table = table.refresh()
+        queues = self.metadata.list_queues(topic)
+        self._bound(table.refresh(), queues, result)
         table = table.refresh()
-        result.queues = queue_progress(read_offsets(table), self.metadata.list_queues(topic))
+        result.queues = queue_progress(read_offsets(table), queues)
         result.seconds = time.monotonic() - started
         return result
+
+    def _bound(self, table: Table, queues: list[QueuePosition], result: TopicSync) -> None:
+        """Trim what retention removed from the cold tier, then expire old snapshots (and their files)."""
+        # Here, not at the top: maintenance imports pyiceberg, which this module loads only when it syncs.
+        from tieredstore.table.maintenance import expire, trim
+
+        lows = {q.queue_id: q.min_offset for q in queues if q.min_offset > 0}
+        if lows:
+            # trim skips queues whose low offset tieredstore.trimmed already records.
+            result.rows_trimmed = trim(table, lows)
+        settings = self.config.table
+        older_than = datetime.now(UTC) - timedelta(seconds=settings.snapshot_max_age)
+        result.snapshots_expired = expire(table, older_than=older_than, retain_last=settings.snapshot_retain_last)
 
     def _append_all(self, table: Table, result: TopicSync, before_commit: Callable[[], None] | None) -> None:
         topic = result.topic
@@ -289,3 +342,49 @@ class TableSyncer:
         result.rows_added += batch.rows
         log.info("table %s: appended %d rows, offsets %s", result.topic, batch.rows, properties[OFFSETS_PROPERTY])
         return table
+
+
+@dataclass(slots=True)
+class TopicCompaction:
+    """What one ``table compact`` of a topic did: its table's data files before and after, and its rows."""
+
+    topic: str
+    files_before: int = 0
+    files_after: int = 0
+    rows: int = 0
+    files_merged: int = 0
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "topic": self.topic,
+            "files_before": self.files_before,
+            "files_after": self.files_after,
+            "files_merged": self.files_merged,
+            "rows": self.rows,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def compact_topic(config: TieredStoreConfig, catalog: Catalog, topic: str) -> TopicCompaction:
+    """Merge the small data files of ``topic``'s table (none to merge without a table)."""
+    with catalog_errors(topic):
+        from tieredstore.table.maintenance import compact
+        from tieredstore.table.maintenance_common import live_data_files
+
+        started = time.monotonic()
+        result = TopicCompaction(topic)
+        table = load_table(catalog, config, topic)
+        if table is None:
+            return result
+        table = _with_enforced_properties(table)
+        before = live_data_files(table)
+        target = config.table.target_file_size
+        # Files at half the target or more are left alone: merging two of them would overshoot it.
+        done = compact(table, small_file_bytes=target // 2, target_file_bytes=target)
+        after = live_data_files(table.refresh())
+        result.files_before, result.files_after = len(before), len(after)
+        result.files_merged = done.files_removed
+        result.rows = sum(data_file.record_count for data_file in after.values())
+        result.seconds = time.monotonic() - started
+        return result
