@@ -14,13 +14,15 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.spark.helpers import BROKER, CLUSTER, SETTINGS, Row, spark_row
 from tests.table.conftest import DAY_MS, FIRST_DAY_MS, TOPIC, TableNode, messages, table_node_on
+from tieredstore.errors import ConfigError
 from tieredstore.flat import FlatFileStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.registry import open_provider
 from tieredstore.scan import PartitionPlan, ScanFilter, ScanOptions
+from tieredstore.scan.options import TableMode
 from tieredstore.spark.source import TieredStorePartition
 from tieredstore.table.catalog import open_catalog
-from tieredstore.table.read_plan import ReadPlan, TableFilePlan, plan_read_partitions, row_group_ranges
+from tieredstore.table.read_plan import ReadPlan, TableFilePlan, open_tables, plan_read_partitions, row_group_ranges
 from tieredstore.table.sync import TableSyncer, create_table
 
 pytestmark = pytest.mark.spark
@@ -217,6 +219,8 @@ def test_table_true_without_a_table_fails_with_one_line(
     message = "option table=true but topic(s) ['payments'] have no Iceberg table in namespace 'tieredstore'"
     with pytest.raises(Exception, match=re.escape(message)):
         read(spark, node, "true", "payments").collect()
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_read_partitions(ScanOptions.parse(options(node, "true", "payments")))
     # auto reads that topic from the archive alone, and false never looks for a table.
     assert len(collect(read(spark, node, "auto", "payments"))) == 5
     assert len(collect(read(spark, node, "false", "payments"))) == 5
@@ -238,6 +242,15 @@ def test_a_file_bigger_than_a_partition_is_read_as_ranges_of_row_groups(
     rows = collect(read(spark, node, "true", max_partition_bytes="4096"))
     assert rows == collect(read(spark, node, "false"))
     assert rows == node.expected()
+
+
+def test_table_true_without_a_catalog_is_a_config_error(tmp_path: Path) -> None:
+    listed = ScanOptions.parse({"path": TOPIC, "cold_url": f"file://{tmp_path}", "metadata": "none", "table": "true"})
+    with pytest.raises(ConfigError, match="option table=true but no catalog is given"):
+        open_tables(listed, [TOPIC])
+    assert open_tables(dataclasses.replace(listed, table=TableMode.AUTO), [TOPIC]) == {}
+    with pytest.raises(ConfigError, match="option table must be auto, true or false, not 'yes'"):
+        ScanOptions.parse({"path": TOPIC, "cold_url": f"file://{tmp_path}", "metadata": "none", "table": "yes"})
 
 
 def test_row_groups_are_cut_at_the_budget() -> None:
