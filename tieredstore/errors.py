@@ -41,7 +41,7 @@ Signals caught in the module that raises them, so none reaches a caller; they ar
     ├── DirectRequestUnusable [providers.s3_direct]  the signed direct request no longer reaches the bucket
     ├── _PreconditionFailed [providers.s3]           the conditional create found an object there
     ├── _Abandoned [restore.engine]                  a write refused because an earlier one failed
-    ├── _Corrupt [spark.reading]                     a record that does not decode, before its location is known
+    ├── _Corrupt [scan.reading]                      a record that does not decode, before its location is known
     └── _Conflict [table.sync]                       another syncer committed to the table first: plan again
 
 A name in brackets is defined in that module of tieredstore, not here; tests/packaging/test_public_api.py

@@ -230,7 +230,7 @@ def _decoded_identity(window: Window, index: int) -> None:
 @settings(max_examples=300, deadline=None)
 @given(corrupted())
 def test_the_spark_rule_flags_exactly_what_decode_and_identity_refuse(window: Window) -> None:
-    """``spark.reading._decode``: a record decodes with a good CRC and holds this queue's next offset."""
+    """``scan.reading._decode``: a record decodes with a good CRC and holds this queue's next offset."""
     refused = [_refused(lambda index=index: _decoded_identity(window, index)) for index in range(len(window.units))]
     # A unit of the wrong size is not a Spark concern (it walks TOTALSIZE): compare records cut as they say.
     sized = [

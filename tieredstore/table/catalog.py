@@ -9,8 +9,11 @@ this one for a cluster, topic or queue.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, MetadataUnavailableError, MissingExtraError
@@ -79,6 +82,21 @@ def s3_file_io_properties(s3: Mapping[str, Any]) -> dict[str, str]:
     return properties
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of what ``error`` says (its type when it says nothing): one line for a ConfigError or a log."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextmanager
+def catalog_errors(topic: str) -> Iterator[None]:
+    """The SQL catalog's database failing mid-sync (down, locked) as MetadataUnavailableError, one line."""
+    try:
+        yield
+    except SQLAlchemyError as error:
+        raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {first_line(error)}") from error
+
+
 def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Catalog:
     """The catalog of ``config``: REST when ``[table] catalog_uri`` names one, else SQL in the metadata database.
 
@@ -117,5 +135,4 @@ def open_catalog_at(
         raise
     except Exception as error:  # pyiceberg and SQLAlchemy raise many kinds; one line says where
         where = redact_url(uri) if uri is not None else safe_url(str(metadata_url))
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {reason}") from error
+        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {first_line(error)}") from error

@@ -30,7 +30,7 @@ from tieredstore.scan.layout import QueueLayout
 from tieredstore.scan.options import ScanOptions, TableMode
 from tieredstore.scan.planning import PartitionPlan, plan_queues, plan_scan, queue_layouts
 from tieredstore.scan.session import open_scan_provider
-from tieredstore.table.catalog import open_catalog_at, s3_file_io_properties
+from tieredstore.table.catalog import first_line, open_catalog_at, s3_file_io_properties
 from tieredstore.table.offsets import read_offsets
 
 if TYPE_CHECKING:
@@ -147,8 +147,7 @@ def open_tables(options: ScanOptions, topics: Sequence[str]) -> dict[str, Table]
     except (TieredStoreError, MissingExtraError) as error:
         return _no_table(options, f"the Iceberg catalog cannot be read: {error}")
     except Exception as error:  # noqa: BLE001  (SQLAlchemy's when the catalog's tables were never created, a REST client's)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return _no_table(options, f"the Iceberg catalog cannot be read: {reason}")
+        return _no_table(options, f"the Iceberg catalog cannot be read: {first_line(error)}")
     missing = [topic for topic, table in tables.items() if table is None]
     if missing:
         namespace = options.table_namespace

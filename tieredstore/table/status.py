@@ -10,6 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import TieredStoreError
 from tieredstore.metadata import MetadataStore, TopicStatus
+from tieredstore.table.catalog import catalog_errors, open_catalog
 from tieredstore.table.offsets import read_offsets
 from tieredstore.table.sync import QueueProgress, SummedProgress, load_table, queue_progress
 
@@ -52,7 +53,8 @@ def table_status(config: TieredStoreConfig, metadata: MetadataStore, catalog: Ca
     """``topic``'s table as it stands; a topic without a table lags by everything archived."""
     metadata.get_topic(topic)
     queues = metadata.list_queues(topic)
-    table = load_table(catalog, config, topic)
+    with catalog_errors(topic):
+        table = load_table(catalog, config, topic)
     if table is None:
         return TableStatus(topic, False, tuple(queue_progress({}, queues)))
     snapshot = table.current_snapshot()
@@ -78,8 +80,6 @@ def queue_table_lags(
 ) -> dict[tuple[str, int], int] | None:
     """Each queue's table lag for the topics that have a table; None when none has one (or no catalog can
     be read: pyiceberg not installed, the catalog's tables never created), so ``status`` shows no column."""
-    from tieredstore.table.catalog import open_catalog
-
     try:
         catalog = open_catalog(config, create_tables=False)
         tables = {topic: load_table(catalog, config, topic) for topic in topics}

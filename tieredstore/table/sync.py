@@ -28,7 +28,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.scan import ARROW_SCHEMA, ScanOptions, scan_queue
-from tieredstore.table.catalog import table_location
+from tieredstore.table.catalog import catalog_errors, table_location
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
 from tieredstore.table.schema import NO_COMMIT_RETRIES, iceberg_schema, partition_spec, sort_order, table_properties
@@ -208,7 +208,14 @@ class TableSyncer:
         self.on_plan = on_plan
 
     def sync_topic(self, topic: str, *, before_commit: Callable[[], None] | None = None) -> TopicSync:
-        """Append everything archived to ``topic``'s table that it does not hold yet (creating it if needed)."""
+        """Append everything archived to ``topic``'s table that it does not hold yet (creating it if needed).
+
+        ``before_commit`` runs before each commit is sent (tests race another syncer there).
+        """
+        with catalog_errors(topic):
+            return self._sync_topic(topic, before_commit)
+
+    def _sync_topic(self, topic: str, before_commit: Callable[[], None] | None) -> TopicSync:
         started = time.monotonic()
         self.metadata.get_topic(topic)  # NotFoundError for a topic the archive does not know
         table = create_table(self.catalog, self.config, topic)
