@@ -18,8 +18,7 @@ from tieredstore.errors import ConfigError
 from tieredstore.flat import FlatFileStore
 from tieredstore.metadata import MetadataStore
 from tieredstore.providers.registry import open_provider
-from tieredstore.scan import PartitionPlan, ScanFilter, ScanOptions
-from tieredstore.scan.options import TableMode
+from tieredstore.scan import PartitionPlan, ScanFilter, ScanOptions, TableMode
 from tieredstore.spark.source import TieredStorePartition
 from tieredstore.table.catalog import open_catalog
 from tieredstore.table.read_plan import ReadPlan, TableFilePlan, open_tables, plan_read_partitions, row_group_ranges
