@@ -55,6 +55,14 @@ def partly_synced(node: TableNode) -> None:
     )
 
 
+@pytest.fixture(params=PAIRS)
+def synced(request: pytest.FixtureRequest, tmp_path: Path) -> TableNode:
+    """A node on each backend pair in turn, its topic partly synced (``partly_synced``)."""
+    node = table_node_on(request.param, request, tmp_path)
+    partly_synced(node)
+    return node
+
+
 def options(node: TableNode, table: str, topics: str = TOPIC, **more: str) -> dict[str, str]:
     s3 = {name: str(value) for name, value in node.provider_options.items()}
     return {
@@ -94,12 +102,8 @@ def archive_starts(planned: list[ReadPlan]) -> dict[int, int]:
     return starts
 
 
-@pytest.mark.parametrize("pair", PAIRS)
-def test_a_partly_synced_topic_reads_the_same_through_the_table(
-    spark: SparkSession, pair: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    node = table_node_on(pair, request, tmp_path)
-    partly_synced(node)
+def test_a_partly_synced_topic_reads_the_same_through_the_table(spark: SparkSession, synced: TableNode) -> None:
+    node = synced
     through_table = read(spark, node, "true")
     rows = collect(through_table)
     assert rows == collect(read(spark, node, "false"))
@@ -116,7 +120,7 @@ def test_a_partly_synced_topic_reads_the_same_through_the_table(
     partitions = [TieredStorePartition(plan) for plan in planned]
     assert [partition.plan for partition in pickle.loads(pickle.dumps(partitions))] == planned
     secret = node.provider_options.get("secret_access_key")  # on S3: the table's files are read with it
-    assert pair == "posix-sqlite" or (secret and secret.encode() not in pickle.dumps(partitions))
+    assert node.archive.name == "posix-sqlite" or (secret and secret.encode() not in pickle.dumps(partitions))
     # The default (auto) reads through the table too, and the same rows.
     assert collect(read(spark, node, "auto")) == rows
 
@@ -125,12 +129,8 @@ def pairs_of(frame: DataFrame) -> list[tuple[int, bytes]]:
     return sorted((row["queue_id"], bytes(row["body"])) for row in frame.collect())
 
 
-@pytest.mark.parametrize("pair", PAIRS)
-def test_two_columns_are_read_through_the_table(
-    spark: SparkSession, pair: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    node = table_node_on(pair, request, tmp_path)
-    partly_synced(node)
+def test_two_columns_are_read_through_the_table(spark: SparkSession, synced: TableNode) -> None:
+    node = synced
     expected = sorted((row["queue_id"], row["body"]) for row in node.expected())
     chosen = options(node, "true")
     path = chosen.pop("path")
@@ -157,12 +157,8 @@ FILTERS = {
 }
 
 
-@pytest.mark.parametrize("pair", PAIRS)
-def test_filters_give_the_same_rows_both_ways_and_prune_table_files(
-    spark: SparkSession, pair: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    node = table_node_on(pair, request, tmp_path)
-    partly_synced(node)
+def test_filters_give_the_same_rows_both_ways_and_prune_table_files(spark: SparkSession, synced: TableNode) -> None:
+    node = synced
     assert len(table_files(plans(node))) == 4
     for name, (condition, scan_filter, files) in FILTERS.items():
         through_table = read(spark, node, "true").where(condition)
