@@ -10,7 +10,7 @@ reading in tasks); ``scan_queue`` runs both for one queue's range. Every batch h
 """
 
 from tieredstore.scan.filters import ScanFilter
-from tieredstore.scan.options import OnCorrupt, ScanOptions
+from tieredstore.scan.options import OnCorrupt, ScanOptions, TableMode
 from tieredstore.scan.planning import PartitionPlan, plan_partitions, plan_scan
 from tieredstore.scan.queue_range import scan_queue
 from tieredstore.scan.reading import ReadStats, read_partition
@@ -24,6 +24,7 @@ __all__ = [
     "ReadStats",
     "ScanFilter",
     "ScanOptions",
+    "TableMode",
     "plan_partitions",
     "plan_scan",
     "read_partition",

@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 
 from tieredstore.basics import MIB
-from tieredstore.config import EncryptionSettings, TieredStoreConfig
+from tieredstore.config import EncryptionSettings, TableSettings, TieredStoreConfig
 from tieredstore.errors import ConfigError
 from tieredstore.formats.naming import validate_topic
 from tieredstore.metadata.engine import parse_url, safe_url
@@ -51,6 +51,9 @@ _SCAN_OPTIONS = (
     "batch_rows",
     "planning_concurrency",
     "on_corrupt",
+    "table",
+    "table_namespace",
+    "catalog_uri",
 )
 # Where the keyring is, as in [encryption]: a path and a variable name travel to executors, never key material.
 _KEYRING_OPTIONS = ("keyring_file", "keyring_env")
@@ -65,6 +68,14 @@ KNOWN_OPTIONS = frozenset(
 )
 
 
+class TableMode(enum.StrEnum):
+    """Whether a Spark read takes offsets a topic's Iceberg table holds from its Parquet files."""
+
+    AUTO = "auto"  # when the topic has a table; else the archive alone
+    TRUE = "true"  # a topic without a table is a ConfigError
+    FALSE = "false"  # the archive alone, never opening a catalog
+
+
 class OnCorrupt(enum.StrEnum):
     """What a task does with a record that does not decode."""
 
@@ -74,6 +85,18 @@ class OnCorrupt(enum.StrEnum):
 
 def _default(name: str) -> str:
     return str(TieredStoreConfig.model_fields[name].default)
+
+
+def _table_default(name: str) -> str:
+    return str(TableSettings.model_fields[name].default)
+
+
+def _table_mode(options: Mapping[str, str]) -> TableMode:
+    text = (options.get("table") or TableMode.AUTO.value).strip().lower()
+    try:
+        return TableMode(text)
+    except ValueError as error:
+        raise ConfigError(f"option table must be auto, true or false, not {text!r}") from error
 
 
 def _positive_int(options: Mapping[str, str], name: str, default: int) -> int:
@@ -101,6 +124,14 @@ def _topics(options: Mapping[str, str]) -> tuple[str, ...]:
     if not names:
         raise ConfigError("no topic given; load('orders') or load('orders,payments')")
     return tuple(dict.fromkeys(validate_topic(name) for name in names))
+
+
+def _namespace(options: Mapping[str, str]) -> str:
+    text = options.get("table_namespace") or _table_default("namespace")
+    try:
+        return TableSettings(namespace=text).namespace
+    except pydantic.ValidationError as error:
+        raise ConfigError(f"option table_namespace must be letters, digits and _, not {text!r}") from error
 
 
 def _provider_options(options: Mapping[str, str], cold_url: str) -> dict[str, Any]:
@@ -156,6 +187,10 @@ class ScanOptions:
     planning_concurrency: int = DEFAULT_PLANNING_CONCURRENCY
     on_corrupt: OnCorrupt = OnCorrupt.FAIL
     keyring: EncryptionSettings = field(default_factory=EncryptionSettings)
+    # Read only by the Spark source's planner (tieredstore.table.read_plan): a sync always reads the archive.
+    table: TableMode = TableMode.AUTO
+    table_namespace: str = _table_default("namespace")
+    catalog_uri: str | None = None
 
     @property
     def uses_metadata(self) -> bool:
@@ -206,6 +241,9 @@ class ScanOptions:
             planning_concurrency=_positive_int(lowered, "planning_concurrency", DEFAULT_PLANNING_CONCURRENCY),
             on_corrupt=on_corrupt,
             keyring=_keyring(lowered),
+            table=_table_mode(lowered),
+            table_namespace=_namespace(lowered),
+            catalog_uri=lowered.get("catalog_uri") or None,
         )
 
     @classmethod
@@ -223,6 +261,8 @@ class ScanOptions:
             broker=config.broker,
             provider_options=provider_options(config),
             keyring=config.encryption,
+            table_namespace=config.table.namespace,
+            catalog_uri=config.table.catalog_uri,
         )
 
     def __repr__(self) -> str:
@@ -230,7 +270,7 @@ class ScanOptions:
         return (
             f"ScanOptions(topics={list(self.topics)}, cold_url={redact_url(self.cold_url)!r}, metadata={metadata!r}, "
             f"cluster={self.cluster!r}, broker={self.broker!r}, max_partition_bytes={self.max_partition_bytes}, "
-            f"on_corrupt={self.on_corrupt.value}{self._keyring_shown()})"
+            f"on_corrupt={self.on_corrupt.value}, table={self.table.value}{self._keyring_shown()})"
         )
 
     def _keyring_shown(self) -> str:

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tieredstore.formats.consume_queue import UNIT_SIZE
@@ -229,7 +230,8 @@ async def plan_queue(
     return plans
 
 
-async def _layouts(provider: Provider, options: ScanOptions, scan_filter: ScanFilter) -> list[QueueLayout]:
+async def queue_layouts(provider: Provider, options: ScanOptions, scan_filter: ScanFilter) -> list[QueueLayout]:
+    """The layout of every queue of ``options.topics`` that ``scan_filter`` allows (from metadata or a listing)."""
     topics = [topic for topic in options.topics if scan_filter.allows_topic(topic)]
     if not topics:
         return []
@@ -258,22 +260,33 @@ async def _layouts(provider: Provider, options: ScanOptions, scan_filter: ScanFi
         metadata.close()
 
 
+async def plan_queues(
+    provider: Provider,
+    options: ScanOptions,
+    layouts: Sequence[QueueLayout],
+    filter_of: Callable[[QueueLayout], ScanFilter],
+) -> list[PartitionPlan]:
+    """The partitions of ``layouts``, each queue under its own filter, ``planning_concurrency`` queues at a time;
+    ordered by topic, queue and offset."""
+    limit = asyncio.Semaphore(options.planning_concurrency)
+
+    async def one(layout: QueueLayout) -> list[PartitionPlan]:
+        async with limit:
+            return await plan_queue(provider, layout, filter_of(layout), options.max_partition_bytes)
+
+    planned = await asyncio.gather(*(one(layout) for layout in layouts))
+    return sorted(
+        (plan for group in planned for plan in group), key=lambda p: (p.topic, p.queue_id, p.layout.path, p.queue_start)
+    )
+
+
 async def plan_scan(options: ScanOptions, scan_filter: ScanFilter | None = None) -> list[PartitionPlan]:
     """Every partition of a scan, ordered by topic, queue and offset. Runs on the driver."""
     scan_filter = scan_filter or ScanFilter()
     started = time.perf_counter()
     async with open_scan_provider(options) as provider:
-        layouts = await _layouts(provider, options, scan_filter)
-        limit = asyncio.Semaphore(options.planning_concurrency)
-
-        async def one(layout: QueueLayout) -> list[PartitionPlan]:
-            async with limit:
-                return await plan_queue(provider, layout, scan_filter, options.max_partition_bytes)
-
-        planned = await asyncio.gather(*(one(layout) for layout in layouts))
-    plans = sorted(
-        (plan for group in planned for plan in group), key=lambda p: (p.topic, p.queue_id, p.layout.path, p.queue_start)
-    )
+        layouts = await queue_layouts(provider, options, scan_filter)
+        plans = await plan_queues(provider, options, layouts, lambda _: scan_filter)
     log.info(
         "planned %d partitions over %d queues (%d bytes) for %s in %.2fs",
         len(plans),

@@ -19,13 +19,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPa
 from pyspark.sql.types import StructType
 
 from tieredstore.scan.filters import ScanFilter
-from tieredstore.scan.options import ScanOptions
-from tieredstore.scan.planning import PartitionPlan, plan_partitions
+from tieredstore.scan.options import ScanOptions, TableMode
 from tieredstore.scan.reading import read_partition
 from tieredstore.scan.schema import ARROW_SCHEMA
 from tieredstore.scan.session import scan_codecs
 from tieredstore.spark.filters import push_filters
 from tieredstore.spark.schema import requested_columns, spark_schema
+from tieredstore.table.read_plan import ReadPlan, TableFilePlan, open_tables, plan_read_partitions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,7 +37,7 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 class TieredStorePartition(InputPartition):
     """One planned partition, as Spark carries it to a task."""
 
-    def __init__(self, plan: PartitionPlan) -> None:
+    def __init__(self, plan: ReadPlan) -> None:
         super().__init__(plan)
         self.plan = plan
 
@@ -46,7 +46,9 @@ class TieredStorePartition(InputPartition):
 
 
 class TieredStoreReader(DataSourceReader):
-    """Plans partitions from metadata (or by listing) and reads each one in its own event loop."""
+    """Plans partitions from metadata (or by listing), and from a topic's Iceberg table when option ``table``
+    lets it (tieredstore.table.read_plan); reads each archive partition in its own event loop, each table
+    partition's Parquet with pyarrow."""
 
     def __init__(self, options: ScanOptions, columns: tuple[str, ...] = tuple(ARROW_SCHEMA.names)) -> None:
         self.options = options
@@ -58,12 +60,16 @@ class TieredStoreReader(DataSourceReader):
         return unsupported
 
     def partitions(self) -> list[InputPartition]:
-        return [TieredStorePartition(plan) for plan in plan_partitions(self.options, self.scan_filter)]
+        return [TieredStorePartition(plan) for plan in plan_read_partitions(self.options, self.scan_filter)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # Spark substitutes one InputPartition(None) when nothing survived planning.
         if not isinstance(partition, TieredStorePartition):
             return iter(())
+        if isinstance(partition.plan, TableFilePlan):
+            from tieredstore.table.read_files import read_table_file
+
+            return read_table_file(partition.plan, self.options, columns=self.columns)
         return read_partition(partition.plan, self.options, columns=self.columns)
 
     def __repr__(self) -> str:
@@ -79,7 +85,10 @@ class TieredStoreDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Bad options, and a keyring the driver cannot load, fail at load(), not at the first action.
-        scan_codecs(ScanOptions.parse(self.options))
+        options = ScanOptions.parse(self.options)
+        scan_codecs(options)
+        if options.table is TableMode.TRUE:
+            open_tables(options, options.topics)  # table=true and a topic without a table: fail at load()
         return spark_schema()
 
     def reader(self, schema: StructType) -> TieredStoreReader:

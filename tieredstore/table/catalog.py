@@ -9,7 +9,7 @@ this one for a cluster, topic or queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +62,11 @@ def file_io_properties(config: TieredStoreConfig) -> dict[str, str]:
     """pyiceberg FileIO properties for the cold tier: our ``[s3]`` endpoint, credentials, region and style."""
     if url_scheme(config.effective_cold_url) != "s3":
         return {}
-    s3 = config.s3_options()
+    return s3_file_io_properties(config.s3_options())
+
+
+def s3_file_io_properties(s3: Mapping[str, Any]) -> dict[str, str]:
+    """pyiceberg FileIO properties of our S3 options (``[s3]``, or a Spark read's S3 options)."""
     names = {
         "endpoint_url": "s3.endpoint",
         "region": "s3.region",
@@ -78,7 +82,8 @@ def file_io_properties(config: TieredStoreConfig) -> dict[str, str]:
     return properties
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of what ``error`` says (its type when it says nothing): one line for a ConfigError or a log."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -89,7 +94,7 @@ def catalog_errors(topic: str) -> Iterator[None]:
     try:
         yield
     except SQLAlchemyError as error:
-        raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {_first_line(error)}") from error
+        raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {first_line(error)}") from error
 
 
 def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Catalog:
@@ -98,21 +103,36 @@ def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Ca
     The SQL catalog's two tables are created in the metadata database on first use, unless ``create_tables``
     is False (a read-only look such as ``tieredstore status``).
     """
+    return open_catalog_at(
+        config.effective_metadata_url,
+        config.table.catalog_uri,
+        file_io_properties(config),
+        create_tables=create_tables,
+    )
+
+
+def open_catalog_at(
+    metadata_url: str | None, catalog_uri: str | None, io_properties: Mapping[str, str], *, create_tables: bool
+) -> Catalog:
+    """The REST catalog at ``catalog_uri`` if given, else the SQL catalog in ``metadata_url``, their files
+    reached with ``io_properties``; what ``open_catalog`` opens, from parts a Spark read's options also give."""
     require_pyiceberg()
     from pyiceberg.catalog.rest import RestCatalog
     from pyiceberg.catalog.sql import SqlCatalog
 
-    properties: dict[str, Any] = file_io_properties(config)
-    uri = config.table.catalog_uri
+    properties: dict[str, Any] = dict(io_properties)
+    uri = catalog_uri
     try:
         if uri is not None:
             if url_scheme(uri) not in ("http", "https"):
                 raise ConfigError(f"[table] catalog_uri must be an Iceberg REST catalog (http(s)://), not {uri!r}")
             return RestCatalog(CATALOG_NAME, uri=uri, **properties)
+        if metadata_url is None:
+            raise ConfigError("an Iceberg catalog needs a metadata database (its SQL catalog) or a REST catalog_uri")
         properties["init_catalog_tables"] = "true" if create_tables else "false"
-        return SqlCatalog(CATALOG_NAME, uri=config.effective_metadata_url, **properties)
+        return SqlCatalog(CATALOG_NAME, uri=metadata_url, **properties)
     except ConfigError:
         raise
     except Exception as error:  # pyiceberg and SQLAlchemy raise many kinds; one line says where
-        where = redact_url(uri) if uri is not None else safe_url(config.effective_metadata_url)
-        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {_first_line(error)}") from error
+        where = redact_url(uri) if uri is not None else safe_url(str(metadata_url))
+        raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {first_line(error)}") from error
