@@ -16,9 +16,11 @@ pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.postgres", "tests.fixture
 def _isolate_tieredstore_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """No TIEREDSTORE_* or AWS_* variable of the developer's shell reaches a test; HOME is a temp dir."""
+    """No TIEREDSTORE_* or AWS_* variable of the developer's shell reaches a test; HOME is a temp dir. Nor does
+    COLUMNS or LINES: a pytest-xdist worker has COLUMNS=80, which the CLI rightly obeys, folding the tables that
+    tests read as a pipe (wider by default) would show."""
     for name in list(os.environ):
-        if name.startswith(("TIEREDSTORE_", "AWS_")):
+        if name.startswith(("TIEREDSTORE_", "AWS_")) or name in ("COLUMNS", "LINES"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
     return

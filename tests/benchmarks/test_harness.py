@@ -288,7 +288,9 @@ def test_cli_lists_the_suite_and_refuses_an_unknown_name(tmp_path: Path) -> None
     assert not list(tmp_path.iterdir())
 
 
+# serial: it holds a wall-clock budget; beside another worker on a loaded 2-core machine it took 168 s of its 180.
 @pytest.mark.slow
+@pytest.mark.serial
 def test_quick_run_of_the_whole_suite_completes_in_budget(tmp_path: Path) -> None:
     registry, failures = discover()
     assert not failures, f"suite modules that cannot be imported: {failures}"

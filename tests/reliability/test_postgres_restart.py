@@ -33,7 +33,8 @@ from tests.reliability.test_crash_loop import SyncProducer
 from tieredstore.config import load_config
 from tieredstore.runtime import open_hot_store
 
-pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.postgres]
+# serial: restarting the server would break every PostgreSQL test running beside it in another worker.
+pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.postgres, pytest.mark.serial]
 
 RESTARTS = 2
 

@@ -96,7 +96,9 @@ def test_a_stale_epoch_cannot_record_positions(stores: list[MetadataStore]) -> N
     # While it holds the lease.
     stores[0].record_commit(TOPIC, 0, expected_version=position.version, max_offset=10, expected_epoch=epoch)
     time.sleep(1.7)
-    LeaseManager(stores[1], owner="successor", lease_duration=1.5, renew_interval=0.5).round()
+    # The successor's own lease may be long: what it takes over is the zombie's, expired. A short one would also
+    # have PostgreSQL end any transaction of its store idle for 1 s, which a loaded machine can pause it for.
+    LeaseManager(stores[1], owner="successor", lease_duration=30.0, renew_interval=10.0).round()
     position = stores[0].get_queue(TOPIC, 0)
     # The zombie has not noticed yet: it still believes it holds epoch 1; the database says 2.
     with pytest.raises(LeaseLostError, match="epoch 2"):

@@ -30,6 +30,15 @@ def _require_java() -> None:
         pytest.fail("the Spark tests need Java 17 (java on PATH or JAVA_HOME); it was not found", pytrace=False)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group into the test's id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` every test using the session goes to one worker: one JVM and one build of
+    the session's archives, not one per worker."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     _require_java()
