@@ -16,6 +16,7 @@ read almost nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +86,15 @@ def table_spark_scan(ctx: BenchmarkContext) -> None:
         spark.read.parquet(*(file.path for file in files)).where("queue_offset < 4").count()
         spark.read.format("tieredstore").options(**through_table).load(TOPIC).where("queue_offset < 4").count()
 
-        def source(_: Path) -> Measurement:
-            with stopwatch() as elapsed:
-                checked(spark.read.format("tieredstore").options(**source_options).load(TOPIC), "tieredstore source")
-            return Measurement(seconds=elapsed(), items=messages, bytes=hot.record_bytes)
+        def source_scan(options: dict[str, str], what: str) -> Callable[[Path], Measurement]:
+            def scan(_: Path) -> Measurement:
+                with stopwatch() as elapsed:
+                    checked(spark.read.format("tieredstore").options(**options).load(TOPIC), what)
+                return Measurement(seconds=elapsed(), items=messages, bytes=hot.record_bytes)
+
+            return scan
+
+        source = source_scan(source_options, "tieredstore source")
 
         def native(_: Path) -> Measurement:
             paths = [file.path for file in data_files(config)]
@@ -105,16 +111,13 @@ def table_spark_scan(ctx: BenchmarkContext) -> None:
             target=TARGET,
         )
 
-        def source_through_table(_: Path) -> Measurement:
-            with stopwatch() as elapsed:
-                checked(spark.read.format("tieredstore").options(**through_table).load(TOPIC), "source via table")
-            return Measurement(seconds=elapsed(), items=messages, bytes=hot.record_bytes)
-
         ctx.compare(
             "tieredstore source through the table vs over the archive",
             description=f"{messages:,} messages, the same query, the source's option table=true against table=false",
             baseline=Contender('spark.read.format("tieredstore"), table=false', source),
-            ours=Contender('spark.read.format("tieredstore"), table=true', source_through_table),
+            ours=Contender(
+                'spark.read.format("tieredstore"), table=true', source_scan(through_table, "source via table")
+            ),
             unit="row",
         )
     ctx.note(
