@@ -64,15 +64,40 @@ def wait_pg_ready(within: float = 60) -> None:
         pytest.fail(f"PostgreSQL is not accepting connections {within}s after a restart", pytrace=False)
 
 
-def restart_postgres() -> float:
-    """Restart the server (every connection is cut); seconds until it accepts connections again."""
-    started = time.monotonic()
+METADATA_FAILURE = re.compile(r"metadata database (?:\S+ )?(?:failed|cannot be reached)")
+
+
+def metadata_failures(log: Path) -> int:
+    """How many metadata failures the archiver has logged so far."""
+    return len(METADATA_FAILURE.findall(log.read_text()))
+
+
+def _pg_ctl(action: str) -> None:
     subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", _cluster_version(), "main", "restart"],
+        ["pg_ctlcluster", "--skip-systemctl-redirect", _cluster_version(), "main", action],
         check=True,
         capture_output=True,
         timeout=120,
     )
+
+
+def restart_postgres(archiver_log: Path) -> float:
+    """Stop the server (every connection is cut), keep it down until the archiver has hit the outage and
+    logged it, start it again; seconds until it accepts connections again.
+
+    A plain restart can be over between two of the archiver's transactions on a quiet machine, and its
+    pool then reconnects without ever seeing the outage: waiting for the log makes the outage real.
+    """
+    seen = metadata_failures(archiver_log)
+    started = time.monotonic()
+    _pg_ctl("stop")
+    try:
+        deadline = time.monotonic() + 30
+        while metadata_failures(archiver_log) == seen:
+            assert time.monotonic() < deadline, "the archiver logged no metadata failure within 30 s of the outage"
+            time.sleep(0.1)
+    finally:
+        _pg_ctl("start")
     wait_pg_ready()
     return time.monotonic() - started
 
@@ -143,7 +168,7 @@ def test_the_archiver_reconnects_after_a_postgres_restart_and_archives_everythin
         wait_for_text(stderr, "archiving ", timeout=60)
         before, _ = wait_archived_beyond(postgres_url, 500, within=60)
         for _ in range(RESTARTS):
-            down = restart_postgres()
+            down = restart_postgres(stderr)
             back_at = archived_total(postgres_url)
             after, resumed_in = wait_archived_beyond(postgres_url, back_at, within=60)
             assert archiver.poll() is None, stderr.read_text()
@@ -174,13 +199,13 @@ def test_the_archiver_reconnects_after_a_postgres_restart_and_archives_everythin
     assert _unmatched_acks(acks) == []
     assert all(offset < archived[(topic, queue_id)] for topic, queue_id, offset in acks)
     assert summary["queues_lost"] == 0  # the restarts cost no lease
-    metadata_failures = len(re.findall(r"metadata database (?:\S+ )?(?:failed|cannot be reached)", log))
-    assert metadata_failures > 0  # the restarts cut the archiver off mid-work, and it said so
+    failures = metadata_failures(stderr)
+    assert failures >= RESTARTS  # each outage cut the archiver off mid-work, and it said so
     with capsys.disabled():
         print(
             f"\nfigures postgres-restart: {RESTARTS} restarts (archived when it was back, seconds it took, "
             f"seconds to the next recorded commit): {figures}; {produced:,} messages "
             f"({before:,} before the first restart) archived exactly once; "
-            f"{summary['commit_failures']} commit failures, {metadata_failures} metadata errors logged, "
+            f"{summary['commit_failures']} commit failures, {failures} metadata errors logged, "
             f"{summary['queues_lost']} leases lost"
         )
