@@ -218,7 +218,10 @@ def _merge(table: Table, files: list[DataFile]) -> Rewrite:
         values = [PartitionFieldValue(field, files[0].partition[i]) for i, field in enumerate(spec.fields)]
         partition_key = PartitionKey(field_values=values, partition_spec=spec, schema=schema)
     task = WriteTask(
-        write_uuid=uuid.uuid4(), task_id=0, schema=schema, record_batches=rows.to_batches(),
+        write_uuid=uuid.uuid4(),
+        task_id=0,
+        schema=schema,
+        record_batches=rows.to_batches(),
         partition_key=partition_key,
     )
     written = tuple(write_file(table.io, table.metadata, iter([task])))

@@ -167,9 +167,7 @@ def trim(table: Table, low_offsets: Mapping[int, int], *, attempts: int = DEFAUL
 
 def _below(low_offsets: Mapping[int, int]) -> str:
     """queue_id = q AND queue_offset < low, OR-ed over the queues, in pyiceberg's filter syntax (ints only)."""
-    return " OR ".join(
-        f"(queue_id = {queue} AND queue_offset < {low})" for queue, low in sorted(low_offsets.items())
-    )
+    return " OR ".join(f"(queue_id = {queue} AND queue_offset < {low})" for queue, low in sorted(low_offsets.items()))
 
 
 def _decoded(text: str | None) -> dict[int, int]:

@@ -79,8 +79,14 @@ def with_retries(table: Table, attempts: int, what: str, action: Callable[[], T]
             return action()
         except (CommitFailedException, ValidationException) as exc:
             last = exc
-            log.info("table maintenance lost a commit race", table=".".join(table.name()), operation=what,
-                     attempt=attempt + 1, attempts=attempts, error=str(exc))
+            log.info(
+                "table maintenance lost a commit race",
+                table=".".join(table.name()),
+                operation=what,
+                attempt=attempt + 1,
+                attempts=attempts,
+                error=str(exc),
+            )
             if attempt + 1 < attempts:
                 time.sleep(_RETRY_BASE_DELAY_S * 2**attempt)
     raise ConcurrentUpdateError(
