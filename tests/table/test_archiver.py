@@ -3,6 +3,8 @@ lag as a metric, and ``tieredstore status`` shows each queue's table lag once a 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,34 @@ def test_the_archiver_refuses_plaintext_tables_of_an_encrypted_cold_tier(tmp_pat
     refused = node("run", "--no-demo", "--duration", "1")
     assert refused.exit_code == 7
     assert "allow_unencrypted" in refused.stderr
+
+
+def test_the_background_sync_sweeps_orphans_at_its_first_round_and_then_once_a_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = posix_node(tmp_path)
+    produce(node, 0, 10)
+    archive(node)
+    monkeypatch.setenv("TIEREDSTORE_TABLE__ORPHAN_GRACE", "1")
+    config = load_config(data_dir=node.data_dir)
+    BackgroundTableSync(config, Metrics()).sync_all()
+    location = open_catalog(config).load_table(("tieredstore", TOPIC)).location().removeprefix("file://")
+
+    def old_stray(name: str) -> Path:
+        """A data file no snapshot references, written an hour ago: any sweep deletes it."""
+        path = Path(location, "data", f"{name}.parquet")
+        path.write_bytes(b"PAR1 left by a killed sync")
+        an_hour_ago = time.time() - 3600
+        os.utime(path, (an_hour_ago, an_hour_ago))
+        return path
+
+    restarted = BackgroundTableSync(config, Metrics())
+    first = old_stray("first")
+    restarted.sync_all()
+    assert not first.exists()  # the first round after a start sweeps: a crash may have left files
+    second = old_stray("second")
+    restarted.sync_all()
+    assert second.exists()  # within a grace of the last sweep: not swept again
+    time.sleep(1.1)
+    restarted.sync_all()
+    assert not second.exists()

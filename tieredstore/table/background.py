@@ -10,6 +10,7 @@ would otherwise leave a long-running table as thousands of small files.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -42,6 +43,9 @@ class BackgroundTableSync:
         self.compactions = 0
         # When each topic's table was last compacted (monotonic seconds); the first comes one interval after start.
         self._compacted: dict[str, float] = {}
+        # When each topic's orphan files were last swept: at its first round (a restart follows any crash
+        # that left some), then once an orphan_grace, as a younger orphan could not be deleted anyway.
+        self._swept: dict[str, float] = {}
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="table-sync", daemon=True)
@@ -74,12 +78,15 @@ class BackgroundTableSync:
             for topic in synced_topics(metadata):
                 if self._stop.is_set():
                     return
+                sweep = time.monotonic() - self._swept.get(topic, -math.inf) >= self.config.table.orphan_grace
                 try:
-                    result = syncer.sync_topic(topic)
+                    result = syncer.sync_topic(topic, sweep_orphans=sweep)
                 except Exception as error:  # noqa: BLE001 - one topic's failure must not end the archiver's syncs
                     self.metrics.table_sync_failures.labels(topic).inc()
                     log.warning("table sync failed", topic=topic, error=str(error))
                     continue
+                if sweep:
+                    self._swept[topic] = time.monotonic()
                 self.metrics.table_lag.labels(topic).set(result.lag)
                 log.info(
                     "table synced",

@@ -245,20 +245,25 @@ class TableSyncer:
         self.on_rows = on_rows
         self.on_plan = on_plan
 
-    def sync_topic(self, topic: str, *, before_commit: Callable[[], None] | None = None) -> TopicSync:
+    def sync_topic(
+        self, topic: str, *, before_commit: Callable[[], None] | None = None, sweep_orphans: bool = True
+    ) -> TopicSync:
         """Append everything archived to ``topic``'s table that it does not hold yet (creating it if needed).
 
-        ``before_commit`` runs before each commit is sent (tests race another syncer there).
+        ``sweep_orphans`` first deletes data files no snapshot references (it reads every manifest and lists
+        the table's folder, so a caller syncing every minute does it less often). ``before_commit`` runs
+        before each commit is sent (tests race another syncer there).
         """
         with catalog_errors(topic):
-            return self._sync_topic(topic, before_commit)
+            return self._sync_topic(topic, before_commit, sweep_orphans)
 
-    def _sync_topic(self, topic: str, before_commit: Callable[[], None] | None) -> TopicSync:
+    def _sync_topic(self, topic: str, before_commit: Callable[[], None] | None, sweep_orphans: bool) -> TopicSync:
         started = time.monotonic()
         self.metadata.get_topic(topic)  # NotFoundError for a topic the archive does not know
         table, registered = open_table(self.catalog, self.config, topic)
         result = TopicSync(topic, registered=registered)
-        result.orphans_deleted = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
+        if sweep_orphans:
+            result.orphans_deleted = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
         while True:
             try:
                 self._append_all(table, result, before_commit)
