@@ -112,3 +112,21 @@ def test_an_encrypted_archive_syncs_its_plaintext_rows_when_allowed(
     assert {row["queue_offset"]: row["body"] for row in rows} == {
         offset: decode(raw).body for offset, raw in hot.items()
     }
+
+
+def test_a_cold_tier_refusing_the_data_files_is_a_storage_error_and_commits_nothing(posix_node: TableNode) -> None:
+    # A file where the table's data folder goes: every data file's write fails, as a full or broken disk would.
+    table_folder = Path(posix_node.archive.cold_url) / "iceberg" / "tieredstore" / TOPIC
+    table_folder.mkdir(parents=True)
+    (table_folder / "data").write_bytes(b"not a folder")
+    refused = posix_node("table", "sync", TOPIC)
+    assert refused.exit_code == 4, refused.stderr
+    assert f"table {TOPIC}: writing its files failed" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert posix_node.table().snapshots() == []
+
+    (table_folder / "data").unlink()
+    synced = posix_node("table", "sync", TOPIC, output="json")
+    assert synced.exit_code == 0, synced.stderr
+    assert synced.json()["topics"][0]["rows_added"] == 65
+    assert len(table_rows(posix_node.table())) == 65

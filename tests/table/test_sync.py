@@ -50,6 +50,7 @@ def test_backfill_gives_the_archive_and_a_second_sync_only_the_new_messages(pair
     assert synced.exit_code == 0, synced.stderr
     (report,) = synced.json()["topics"]
     assert report["rows_added"] == 180
+    assert report["commits"] == 1  # both days' files in one snapshot, with the offsets
     assert (report["table_offset"], report["archived_offset"], report["lag"]) == (200, 200, 0)
     assert_rows_are_the_archive(pair_node)
 
@@ -62,6 +63,10 @@ def test_backfill_gives_the_archive_and_a_second_sync_only_the_new_messages(pair
     # One file per day: day 0 holds queue 0's first 60, day 1 the rest of queue 0 and queue 1.
     days = sorted(path.split("store_timestamp_day=")[1].split("/")[0] for path in files)
     assert days == ["2026-05-01", "2026-05-02"]
+    # Each file declares the table's (queue_id, queue_offset) order, which its rows are in.
+    declared = table.sort_order().order_id
+    assert declared != 0  # 0 is "unsorted"
+    assert table.inspect.files().column("sort_order_id").to_pylist() == [declared, declared]
     for path in files:
         parquet = parquet_of(table, path)
         assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"

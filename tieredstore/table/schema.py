@@ -68,6 +68,33 @@ def iceberg_schema() -> Schema:
     return Schema(*fields)
 
 
+def parquet_schema(schema: Schema) -> pa.Schema:
+    """``ARROW_SCHEMA`` with ``schema``'s field ids (and docs) on every field, nested ones too: what a data
+    file's Parquet schema says, while its Arrow types stay the scan's, so a batch is relabelled, not cast."""
+    from pyiceberg.types import ListType, MapType
+
+    def labelled(arrow_field: pa.Field, field_id: int, doc: str | None = None) -> pa.Field:
+        metadata = {"PARQUET:field_id": str(field_id)}
+        if doc:
+            metadata["doc"] = doc
+        return arrow_field.with_metadata(metadata)
+
+    fields = []
+    for iceberg_field in schema.fields:
+        arrow_field = ARROW_SCHEMA.field(iceberg_field.name)
+        kind = iceberg_field.field_type
+        if isinstance(kind, ListType):
+            arrow_type = arrow_field.type
+            arrow_field = arrow_field.with_type(pa.list_(labelled(arrow_type.value_field, kind.element_id)))
+        elif isinstance(kind, MapType):
+            arrow_type = arrow_field.type
+            arrow_field = arrow_field.with_type(
+                pa.map_(labelled(arrow_type.key_field, kind.key_id), labelled(arrow_type.item_field, kind.value_id))
+            )
+        fields.append(labelled(arrow_field, iceberg_field.field_id, iceberg_field.doc))
+    return pa.schema(fields)
+
+
 def partition_spec(schema: Schema) -> PartitionSpec:
     """Day of ``store_timestamp``: a time filter prunes whole days of files."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec

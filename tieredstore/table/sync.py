@@ -34,8 +34,9 @@ import pyarrow as pa
 from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
-from tieredstore.scan import ARROW_SCHEMA, ScanOptions, scan_queue
+from tieredstore.scan import ScanOptions, scan_queue
 from tieredstore.table.catalog import catalog_errors, table_location
+from tieredstore.table.data_files import DataFileWriter
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
 from tieredstore.table.recovery import newest_metadata_location
@@ -49,6 +50,7 @@ from tieredstore.table.schema import (
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
@@ -209,17 +211,28 @@ def _with_enforced_properties(table: Table) -> Table:
 
 @dataclass(slots=True)
 class _Batch:
-    """Rows gathered for one commit and the offsets they bring every queue to."""
+    """Rows gathered for one commit, the writer writing their files, and the offsets they bring every queue to."""
 
+    table: Table
     offsets: dict[int, int]
-    pieces: list[pa.RecordBatch] = field(default_factory=list)
+    writer: DataFileWriter | None = None  # started with the first rows
     nbytes: int = 0
     rows: int = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        self.pieces.append(batch)
+        if self.writer is None:
+            self.writer = DataFileWriter(self.table)
+        self.writer.add(batch)
         self.nbytes += batch.nbytes
         self.rows += batch.num_rows
+
+    def data_files(self) -> list[DataFile]:
+        """The files of the rows added, closed: ready to commit."""
+        return self.writer.finish() if self.writer is not None else []
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
 
 
 class _Conflict(Exception):
@@ -301,25 +314,29 @@ class TableSyncer:
         progress = queue_progress(offsets, self.metadata.list_queues(topic))
         if self.on_plan is not None:
             self.on_plan(topic, sum(q.lag for q in progress))
-        batch = _Batch(dict(offsets))
+        batch = _Batch(table, dict(offsets))
         options = ScanOptions.from_config(self.config, [topic])
         target = self.config.table.target_file_size
-        for queue in progress:
-            if queue.lag == 0:
-                batch.offsets[queue.queue_id] = queue.table_offset
-                continue
-            for rows in self._rows(options, topic, queue):
-                batch.add(rows)
-                batch.offsets[queue.queue_id] = int(rows.column("queue_offset")[-1].as_py()) + 1
-                if self.on_rows is not None:
-                    self.on_rows(rows.num_rows)
-                if batch.nbytes >= target:
-                    table = self._commit(table, batch, result, before_commit)
-                    batch = _Batch(dict(batch.offsets))
-            # Lost offsets at the end of the range give no rows: the queue is done up to its archived offset.
-            batch.offsets[queue.queue_id] = queue.archived_offset
-        if batch.rows or batch.offsets != offsets:
-            self._commit(table, batch, result, before_commit)
+        try:
+            for queue in progress:
+                if queue.lag == 0:
+                    batch.offsets[queue.queue_id] = queue.table_offset
+                    continue
+                for rows in self._rows(options, topic, queue):
+                    batch.add(rows)
+                    batch.offsets[queue.queue_id] = int(rows.column("queue_offset")[-1].as_py()) + 1
+                    if self.on_rows is not None:
+                        self.on_rows(rows.num_rows)
+                    if batch.nbytes >= target:
+                        table = self._commit(table, batch, result, before_commit)
+                        batch = _Batch(table, dict(batch.offsets))
+                # Lost offsets at the end of the range give no rows: the queue is done up to its archived offset.
+                batch.offsets[queue.queue_id] = queue.archived_offset
+            if batch.rows or batch.offsets != offsets:
+                self._commit(table, batch, result, before_commit)
+        finally:
+            # A failed scan or commit leaves the files written so far to no snapshot: orphans, swept later.
+            batch.abort()
 
     def _rows(self, options: ScanOptions, topic: str, queue: QueueProgress) -> Iterator[pa.RecordBatch]:
         for rows in scan_queue(options, topic, queue.queue_id, queue.table_offset, queue.archived_offset):
@@ -331,12 +348,18 @@ class TableSyncer:
     ) -> Table:
         from pyiceberg.exceptions import CommitFailedException
 
-        rows = pa.Table.from_batches(batch.pieces, schema=ARROW_SCHEMA)
         properties = {OFFSETS_PROPERTY: encode_offsets(batch.offsets)}
-        if before_commit is not None:
-            before_commit()
         try:
-            table.append(rows, snapshot_properties=properties)
+            data_files = batch.data_files()
+            if before_commit is not None:
+                before_commit()
+            # One snapshot for every file of the batch, carrying the offsets they bring the queues to.
+            with (
+                table.transaction() as transaction,
+                transaction.update_snapshot(snapshot_properties=properties).fast_append() as append,
+            ):
+                for data_file in data_files:
+                    append.append_data_file(data_file)
         except CommitFailedException as error:
             log.info("table %s: another syncer committed first (%s); planning again", result.topic, error)
             raise _Conflict() from error
