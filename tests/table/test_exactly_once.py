@@ -46,6 +46,34 @@ def test_a_commit_lost_to_another_syncer_is_planned_again_and_no_row_is_written_
     assert node.table().properties["commit.retry.num-retries"] == "0"
 
 
+def test_a_commit_lost_while_the_next_rows_are_read_is_planned_again(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    node = table_node_on("posix-sqlite", request, tmp_path)
+    # ~3 MiB of rows at 1 MiB commits: the first commits are made while the rows after them are read.
+    node.put({(TOPIC, q): messages(q, range(200), body_size=4096) for q in range(4)})
+    config = node.config(target_file_size=1 << 20)
+    metadata = MetadataStore(config.effective_metadata_url)
+    try:
+        ours = TableSyncer(config, metadata, open_catalog(config))
+        theirs = TableSyncer(config, metadata, open_catalog(config))
+        commits: list[int] = []
+
+        def other_syncer_commits_second() -> None:
+            commits.append(len(commits))
+            if len(commits) == 2:
+                theirs.sync_topic(TOPIC)
+
+        result = ours.sync_topic(TOPIC, before_commit=other_syncer_commits_second)
+    finally:
+        metadata.close()
+    assert result.conflicts == 1 and result.lag == 0
+    assert result.commits >= 1  # the first commit went in before the other syncer's
+    rows = table_rows(node.table())
+    assert [(r["queue_id"], r["queue_offset"]) for r in rows] == [(q, o) for q in range(4) for o in range(200)]
+    assert rows == node.expected()
+
+
 def position(queue_id: int, min_offset: int, max_offset: int) -> QueuePosition:
     return QueuePosition(TOPIC, queue_id, min_offset, max_offset, version=1, updated=0)
 

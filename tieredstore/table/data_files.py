@@ -171,6 +171,7 @@ class DataFileWriter:
         for open_file in self._open.values():
             if not open_file.stream.closed:
                 try:
+                    open_file.writer.close()  # the footer of the row groups written, without those waiting
                     open_file.stream.close()
                 except OSError:
                     pass  # an unfinished file is an orphan whatever its state

@@ -3,10 +3,11 @@
 For each queue, rows go from its table offset (``offsets``; absent, or below what retention left, the
 queue's first archived offset: the backfill of an existing archive) up to its archived offset in
 metadata. Queues are read in ascending id and each in offset order, so the rows of a commit are already
-ordered by (queue_id, queue_offset) and pyiceberg's partitioned write, which filters rows per day
-without reordering them, keeps that order within every file. A commit is made whenever about
+ordered by (queue_id, queue_offset), and the ``DataFileWriter`` that writes them into each day's file while
+the next rows are read (``data_files``) keeps that order. A commit is made whenever about
 ``[table] target_file_size`` bytes of Arrow are gathered, and when the topic is done, each carrying the
-new offsets of every queue: memory stays bounded, and a crash loses at most the uncommitted batch.
+new offsets of every queue: memory stays bounded, and a crash loses at most the uncommitted batches. A
+full batch is committed by a thread of its own while the next one is read, one commit at a time.
 
 Another syncer committing first makes our commit fail (the catalog checks the snapshot we started
 from): the table is reloaded and the work planned again from its new offsets, so no row is written
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -317,6 +319,10 @@ class TableSyncer:
         batch = _Batch(table, dict(offsets))
         options = ScanOptions.from_config(self.config, [topic])
         target = self.config.table.target_file_size
+        # A full batch is committed by this thread while the next one is read: its files' last row group and
+        # upload, and the catalog's commit, overlap the decoding. One at a time, so commits stay in order.
+        committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-commit")
+        committing: Future[Table] | None = None
         try:
             for queue in progress:
                 if queue.lag == 0:
@@ -328,15 +334,21 @@ class TableSyncer:
                     if self.on_rows is not None:
                         self.on_rows(rows.num_rows)
                     if batch.nbytes >= target:
-                        table = self._commit(table, batch, result, before_commit)
+                        if committing is not None:
+                            table = committing.result()  # the previous commit's failure (a _Conflict) stops here
+                        committing = committer.submit(self._commit, table, batch, result, before_commit)
                         batch = _Batch(table, dict(batch.offsets))
                 # Lost offsets at the end of the range give no rows: the queue is done up to its archived offset.
                 batch.offsets[queue.queue_id] = queue.archived_offset
+            if committing is not None:
+                table = committing.result()
+                committing = None
             if batch.rows or batch.offsets != offsets:
                 self._commit(table, batch, result, before_commit)
         finally:
             # A failed scan or commit leaves the files written so far to no snapshot: orphans, swept later.
             batch.abort()
+            committer.shutdown(wait=True)  # a commit under way ends (its outcome is in the table) before a replan
 
     def _rows(self, options: ScanOptions, topic: str, queue: QueueProgress) -> Iterator[pa.RecordBatch]:
         for rows in scan_queue(options, topic, queue.queue_id, queue.table_offset, queue.archived_offset):
