@@ -1,14 +1,19 @@
 """Writing a commit's rows as the table's Parquet data files, in a thread beside the decoding of the next rows.
 
-``Table.append`` takes a commit's rows as one Arrow table: it starts writing only once every row is decoded,
-and first copies the whole table to split it by day. Here the sync hands each decoded batch to a
-``DataFileWriter``, whose thread splits it by partition (a batch of one day, as nearly every batch of a live
-topic is, goes whole), appends it to that partition's open file and encodes a row group whenever about
-``ROW_GROUP_BYTES`` of Arrow wait, while the sync decodes the next rows: Parquet encoding, zstd and the upload
-run in Arrow's C++ code, which releases the GIL. The files are written through the table's FileIO under its
-data folder, named as pyiceberg names them, with the table's Parquet properties; ``finish`` closes them and
-gives pyiceberg ``DataFile``s with the statistics its own writer computes, for the caller to commit in one
-snapshot. Rows keep the order they were handed in: a split by day keeps each day's rows in order.
+``Table.append`` takes a commit's rows as one Arrow table and first copies all of it to split it by day. Here
+the sync hands each decoded batch to a ``DataFileWriter``, whose thread splits it by partition only when it
+spans several (a batch of one day, as nearly every batch of a live topic is, goes whole) and appends it to
+that partition's open file. A file encodes a row group whenever the table's
+``write.parquet.row-group-size-bytes`` of Arrow (Iceberg's 128 MiB by default) or its
+``write.parquet.row-group-limit`` rows wait, and the rest when it is closed, which the sync does in its
+committer thread while it decodes the next batch; Parquet encoding, zstd and the upload run in Arrow's C++
+code, which releases the GIL. Row groups stay as large as Iceberg's default: each repeats its dictionaries,
+which are most of a file whose bodies repeat.
+
+The files are written through the table's FileIO under its data folder, named as pyiceberg names them, with
+the table's Parquet properties; ``finish`` closes them and gives pyiceberg ``DataFile``s with the statistics
+its own writer computes, for the caller to commit in one snapshot. Rows keep the order they were handed in:
+a split by day keeps each day's rows in order.
 """
 
 from __future__ import annotations
@@ -34,9 +39,6 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionKey
     from pyiceberg.table import Table
 
-# Arrow bytes per row group: small enough that the thread encodes one while the next is decoded, large
-# enough that a reader's row groups stay few and each column chunk compresses well.
-ROW_GROUP_BYTES = 32 * 1024 * 1024
 # Decoded batches waiting for the thread: a few, so memory stays bounded when writing is the slower side.
 QUEUE_BATCHES = 4
 
@@ -52,6 +54,7 @@ class _OpenFile:
     partition_key: PartitionKey | None
     stream: Any  # the FileIO's output stream (pyarrow's NativeFile)
     writer: pq.ParquetWriter
+    row_bytes: int  # the table's write.parquet.row-group-size-bytes, in Arrow bytes
     row_limit: int  # the table's write.parquet.row-group-limit
     footer: list[pq.FileMetaData] = field(default_factory=list)  # filled by the writer when it closes
     pending: list[pa.RecordBatch] = field(default_factory=list)
@@ -62,7 +65,7 @@ class _OpenFile:
         self.pending.append(batch)
         self.pending_bytes += batch.nbytes
         self.pending_rows += batch.num_rows
-        if self.pending_bytes >= ROW_GROUP_BYTES or self.pending_rows >= self.row_limit:
+        if self.pending_bytes >= self.row_bytes or self.pending_rows >= self.row_limit:
             self.flush()
 
     def flush(self) -> None:
@@ -103,9 +106,19 @@ class DataFileWriter:
         self._format_version = metadata.format_version
         self._file_schema = parquet_schema(self._schema)
         # The table's write properties, read as pyiceberg's own writer reads them.
-        self._writer_options = _get_parquet_writer_kwargs(metadata.properties)
+        # The row-group size pyiceberg warns it does not implement is implemented here: not passed on.
+        parquet_properties = {
+            name: value
+            for name, value in metadata.properties.items()
+            if name != TableProperties.PARQUET_ROW_GROUP_SIZE_BYTES
+        }
+        self._writer_options = _get_parquet_writer_kwargs(parquet_properties)
         self._statistics_plan = compute_statistics_plan(self._schema, metadata.properties)
         self._column_ids = parquet_path_to_id_mapping(self._schema)
+        self._row_bytes: int = (
+            property_as_int(metadata.properties, TableProperties.PARQUET_ROW_GROUP_SIZE_BYTES)
+            or TableProperties.PARQUET_ROW_GROUP_SIZE_BYTES_DEFAULT
+        )
         self._row_limit: int = (
             property_as_int(metadata.properties, TableProperties.PARQUET_ROW_GROUP_LIMIT)
             or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
@@ -235,7 +248,7 @@ class DataFileWriter:
         except BaseException:
             stream.close()
             raise
-        return _OpenFile(path, partition_key, stream, writer, self._row_limit, footer)
+        return _OpenFile(path, partition_key, stream, writer, self._row_bytes, self._row_limit, footer)
 
     def _data_file(self, open_file: _OpenFile) -> DataFile:
         from pyiceberg.io.pyarrow import data_file_statistics_from_parquet_metadata
