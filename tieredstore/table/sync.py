@@ -35,7 +35,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.scan import ARROW_SCHEMA, ScanOptions, scan_queue
-from tieredstore.table.catalog import catalog_errors, table_location
+from tieredstore.table.catalog import catalog_errors, refusals_explained, table_location
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
 from tieredstore.table.recovery import newest_metadata_location
@@ -164,19 +164,28 @@ def create_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Tab
 
 def open_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple[Table, bool]:
     """``create_table``'s table, and whether it was registered again from the metadata its folder held."""
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     existing = load_table(catalog, config, topic)
     if existing is not None:
         return _with_enforced_properties(existing), False
-    try:
-        catalog.create_namespace(config.table.namespace)
-    except NamespaceAlreadyExistsError:
-        pass
+    with refusals_explained(config, topic):
+        try:
+            catalog.create_namespace(config.table.namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        return _create_or_register(catalog, config, topic)
+
+
+def _create_or_register(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple[Table, bool]:
+    from pyiceberg.exceptions import TableAlreadyExistsError
+
     schema = iceberg_schema()
     identifier = table_identifier(config, topic)
+    # A catalog that places tables itself keeps its own record of them: no folder of ours to recover from.
+    placed_by_us = config.table.location == "cold"
     try:
-        metadata_location = newest_metadata_location(config, topic)
+        metadata_location = newest_metadata_location(config, topic) if placed_by_us else None
         if metadata_location is not None:
             table = catalog.register_table(identifier, metadata_location)
             log.warning(
@@ -186,7 +195,7 @@ def open_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple
         return catalog.create_table(
             identifier,
             schema,
-            location=table_location(config, topic),
+            location=table_location(config, topic) if placed_by_us else None,
             partition_spec=partition_spec(schema),
             sort_order=sort_order(schema),
             properties=table_properties(config.table.target_file_size),
