@@ -46,6 +46,8 @@ def test_run_with_tables_enabled_syncs_what_it_archives(
             "TIEREDSTORE_TABLE__COMMIT_INTERVAL": "0.5",
             "TIEREDSTORE_ARCHIVER__GROUP_COMMIT_TIMEOUT": "0.1",
             "TIEREDSTORE_ARCHIVER__SCAN_INTERVAL": "0.1",
+            # On PostgreSQL as deployed, with queue leases: the table sync follows the archiver's leases.
+            "TIEREDSTORE_ARCHIVER__LEASES": str(node.metadata_url is not None).lower(),
         }
     )
     produce(node, 0, 120)
@@ -53,6 +55,7 @@ def test_run_with_tables_enabled_syncs_what_it_archives(
     ran = node("run", "--no-demo", "--duration", "5", output="json")
     assert ran.exit_code == 0, ran.stderr
     assert "syncing every topic's Iceberg table every 0.5s" in ran.stderr
+    assert ("leasing queues as" in ran.stderr) == (node.metadata_url is not None)
     table = open_catalog(node_config(node, request)).load_table(("tieredstore", TOPIC))
     rows = table.scan().to_arrow()
     assert rows.num_rows == 160
