@@ -85,11 +85,6 @@ def table_references(table: Table) -> TableReferences:
     )
 
 
-def referenced_data_files(table: Table) -> set[str]:
-    """The paths of the data files of every snapshot the table still has, as its manifests spell them."""
-    return set(table_references(table).data_files)
-
-
 def _relative(path: str, location: str) -> str | None:
     """``path`` relative to the table's folder, whichever way a writer spelt a local path (file:// or not)."""
     for prefix in (location, location.removeprefix("file://")):
