@@ -17,7 +17,7 @@ from tests.table.killed_sync import CLI, catalog_held, folder_files, kill_when, 
 from tieredstore.table.catalog import open_catalog, table_path
 from tieredstore.table.sync import create_table
 
-QUEUES = 8
+QUEUES = 4
 PER_QUEUE = 200
 # 1 MiB commits (the smallest target) of ~4 KiB bodies: several commits, each file written over some time.
 SETTINGS = {"TIEREDSTORE_TABLE__TARGET_FILE_SIZE": str(1 << 20), "TIEREDSTORE_TABLE__ORPHAN_GRACE": "0"}
