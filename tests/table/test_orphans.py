@@ -63,7 +63,9 @@ def test_a_sync_killed_in_its_commit_leaves_metadata_orphans_that_the_next_sweep
     assert len({(row["queue_id"], row["queue_offset"]) for row in rows}) == 180
 
 
-def test_table_sync_names_the_orphan_metadata_files_it_deleted(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_the_sweep_names_what_it_deleted_and_leaves_other_files_alone(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     node = table_node_on("posix-sqlite", request, tmp_path)
     node.put({(TOPIC, 0): messages(0, range(10))})
     assert node("table", "sync").exit_code == 0
@@ -73,6 +75,19 @@ def test_table_sync_names_the_orphan_metadata_files_it_deleted(request: pytest.F
     with catalog_held(node):
         syncing = start_sync(node, stderr, {})
         kill_when(syncing, stderr, lambda: metadata_kinds(folder_files(node) - before)["metadata"] > 0)
+    table = node.table()
+    # Unreferenced too, but not the sweep's: other files in the folder, in a folder named like metadata/, and
+    # in another table's folder whose name starts with this one's.
+    others = [
+        f"{table.location()}/metadata/version-hint.text",
+        f"{table.location()}/notes.txt",
+        f"{table.location()}/metadata-old/snap-2-0-old.avro",
+        f"{table.location()}-old/metadata/snap-1-0-old.avro",
+        f"{table.location()}-old/data/old.parquet",
+    ]
+    for path in others:
+        with table.io.new_output(path).create() as out:
+            out.write(b"not this table's")
     node.node.env["TIEREDSTORE_TABLE__ORPHAN_GRACE"] = "0"
 
     swept = node("table", "sync", TOPIC)
@@ -80,4 +95,9 @@ def test_table_sync_names_the_orphan_metadata_files_it_deleted(request: pytest.F
     assert swept.exit_code == 0, swept.stderr
     assert "10 rows added" in swept.stdout
     assert "1 orphan files deleted, 3 orphan metadata files deleted" in swept.stdout
-    assert folder_files(node) == referenced_files(node)
+    assert all(table.io.new_input(path).exists() for path in others)
+    assert folder_files(node) == referenced_files(node) | {
+        "metadata/version-hint.text",
+        "notes.txt",
+        "metadata-old/snap-2-0-old.avro",
+    }
