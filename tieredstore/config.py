@@ -430,8 +430,8 @@ class TableSettings(_Section):
     orphan_grace: float = Field(
         default=3600.0,
         ge=0,
-        description="seconds an unreferenced data file under a table must be old before table sync deletes it "
-        "(a file younger may belong to a sync about to commit)",
+        description="seconds an unreferenced data, manifest or metadata file under a table must be old before "
+        "table sync deletes it (a file younger may belong to a sync about to commit)",
     )
     allow_unencrypted: bool = Field(
         default=False,

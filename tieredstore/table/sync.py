@@ -10,8 +10,9 @@ new offsets of every queue: memory stays bounded, and a crash loses at most the 
 
 Another syncer committing first makes our commit fail (the catalog checks the snapshot we started
 from): the table is reloaded and the work planned again from its new offsets, so no row is written
-twice. A crash between writing Parquet files and committing leaves files no snapshot references;
-``remove_orphan_files`` deletes them once older than ``[table] orphan_grace``.
+twice. A crash between writing Parquet files and committing leaves files no snapshot references (and,
+during the commit, manifests and metadata files nothing references); ``remove_orphan_files`` deletes them
+once older than ``[table] orphan_grace``.
 
 After appending, a sync keeps the table bounded and honest: rows below a queue's first archived offset
 (retention removed them from the cold tier) are trimmed, snapshots older than ``[table] snapshot_max_age``
@@ -115,7 +116,8 @@ class TopicSync(SummedProgress):
     rows_added: int = 0
     commits: int = 0
     conflicts: int = 0
-    orphans_deleted: int = 0
+    orphans_deleted: int = 0  # unreferenced data files
+    metadata_orphans_deleted: int = 0  # unreferenced metadata, manifest-list and manifest files
     rows_trimmed: int = 0
     snapshots_expired: int = 0
     registered: bool = False  # the catalog had lost the table: its newest metadata file was registered again
@@ -129,6 +131,7 @@ class TopicSync(SummedProgress):
             "commits": self.commits,
             "conflicts": self.conflicts,
             "orphans_deleted": self.orphans_deleted,
+            "metadata_orphans_deleted": self.metadata_orphans_deleted,
             "rows_trimmed": self.rows_trimmed,
             "snapshots_expired": self.snapshots_expired,
             "registered": self.registered,
@@ -259,7 +262,7 @@ class TableSyncer:
     ) -> TopicSync:
         """Append everything archived to ``topic``'s table that it does not hold yet (creating it if needed).
 
-        ``sweep_orphans`` first deletes data files no snapshot references (it reads every manifest and lists
+        ``sweep_orphans`` first deletes the files nothing in the table references (it reads every manifest and lists
         the table's folder, so a caller syncing every minute does it less often). ``before_commit`` runs
         before each commit is sent (tests race another syncer there).
         """
@@ -272,7 +275,8 @@ class TableSyncer:
         table, registered = open_table(self.catalog, self.config, topic)
         result = TopicSync(topic, registered=registered)
         if sweep_orphans:
-            result.orphans_deleted = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
+            swept = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
+            result.orphans_deleted, result.metadata_orphans_deleted = swept.data_files, swept.metadata_files
         while True:
             try:
                 self._append_all(table, result, before_commit)
