@@ -191,3 +191,24 @@ def test_the_archiver_syncs_through_the_rest_catalog_and_never_prints_its_token(
     )
     rows = open_catalog(config).load_table((NAMESPACE, RESTORE_TOPIC)).scan().to_arrow()
     assert sorted(rows.column("queue_offset").to_pylist()) == list(range(50))
+
+
+def test_a_table_the_catalog_placed_under_the_cold_url_gets_its_orphans_swept(node: TableNode, s3_server: Any) -> None:
+    node.put({(TOPIC, 0): messages(0, range(0, 30))})
+    assert node("table", "sync").exit_code == 0
+    location = rest_table(node).location()
+    stray = f"{location}/data/stray-{TOPIC}.parquet"
+    if stray.startswith("s3://"):
+        bucket, key = stray.removeprefix("s3://").split("/", 1)
+        s3_server.client().put_object(Bucket=bucket, Key=key, Body=b"PAR1")
+    else:
+        Path(stray.removeprefix("file://")).write_bytes(b"PAR1")
+
+    node.node.env["TIEREDSTORE_TABLE__ORPHAN_GRACE"] = "0"
+    swept = node("table", "sync", output="json")
+    assert swept.exit_code == 0, swept.stderr
+    (report,) = swept.json()["topics"]
+    assert (report["orphans_deleted"], report["metadata_orphans_deleted"]) == (1, 0)
+    assert table_rows(rest_table(node)) == node.expected()
+    if not stray.startswith("s3://"):
+        assert not Path(stray.removeprefix("file://")).exists()

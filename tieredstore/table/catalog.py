@@ -48,6 +48,17 @@ def tables_root(config: TieredStoreConfig) -> str:
     raise ConfigError(f"Iceberg tables are kept on POSIX or S3 cold storage, not {redact_url(cold_url)} ({scheme}://)")
 
 
+def cold_key(config: TieredStoreConfig, url: str) -> str | None:
+    """The path under the cold URL (as our providers name it) of ``url``, a table's folder or file; None when
+    ``url`` lies outside the cold URL or is the cold URL itself."""
+    root = tables_root(config).removesuffix(f"/{TABLES_FOLDER}")
+    for prefix in (root, root.removeprefix("file://")):
+        for spelt in (url, url.removeprefix("file://")):
+            if spelt.startswith(prefix + "/") and len(spelt) > len(prefix) + 1:
+                return spelt[len(prefix) + 1 :].rstrip("/")
+    return None
+
+
 def table_path(config: TieredStoreConfig, topic: str) -> str:
     """The logical path (under the cold URL, as our providers name it) of ``topic``'s table folder."""
     return f"{TABLES_FOLDER}/{config.table.namespace}/{topic}"

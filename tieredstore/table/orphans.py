@@ -25,7 +25,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import StorageError
 from tieredstore.providers.base import DeletesObjects, ListsObjects
 from tieredstore.runtime import open_cold_provider
-from tieredstore.table.catalog import table_location, table_path
+from tieredstore.table.catalog import cold_key, table_path
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -96,14 +96,18 @@ def _relative(path: str, location: str) -> str | None:
 def remove_orphan_files(config: TieredStoreConfig, table: Table, grace_seconds: float) -> OrphanSweep:
     """Delete the table's unreferenced data and metadata files older than ``grace_seconds``."""
     topic = table.name()[-1]
-    location = table_location(config, topic)
-    if _relative(table.location() + "/x", location) != "x":
-        # A table placed elsewhere (another tool, a REST catalog's choice): its files are not ours to judge.
+    location = table.location().rstrip("/")
+    # Where we placed it or a REST catalog did (location = "catalog"), so long as it is under the cold URL.
+    folder = cold_key(config, location)
+    if folder is None:
+        # Elsewhere (another tool's choice, a catalog's storage of its own): not ours to list or delete.
         log.warning("table %s lies at %s, not under the cold URL: its orphan files are left alone", topic, location)
         return OrphanSweep()
-    folder = table_path(config, topic)
     referenced = {relative for path in table_references(table).all() if (relative := _relative(path, location))}
-    return asyncio.run(_remove(config, folder, referenced, grace_seconds))
+    # A catalog that placed the table may keep metadata files its metadata log does not name (versions for
+    # its own undo): their lifecycle is the catalog's, and only data files are judged.
+    judge_metadata = folder == table_path(config, topic)
+    return asyncio.run(_remove(config, folder, referenced, grace_seconds, judge_metadata))
 
 
 def _metadata_rank(name: str) -> int | None:
@@ -111,7 +115,9 @@ def _metadata_rank(name: str) -> int | None:
     return next((rank for rank, (_, pattern) in enumerate(_METADATA_KINDS) if pattern.search(name)), None)
 
 
-async def _remove(config: TieredStoreConfig, folder: str, referenced: set[str], grace_seconds: float) -> OrphanSweep:
+async def _remove(
+    config: TieredStoreConfig, folder: str, referenced: set[str], grace_seconds: float, judge_metadata: bool
+) -> OrphanSweep:
     provider = open_cold_provider(config)
     try:
         if not isinstance(provider, ListsObjects) or not isinstance(provider, DeletesObjects):
@@ -127,7 +133,7 @@ async def _remove(config: TieredStoreConfig, folder: str, referenced: set[str], 
             ]
 
         by_rank: list[list[str]] = [[] for _ in _METADATA_KINDS]
-        for key in await unreferenced(METADATA_FOLDER):
+        for key in await unreferenced(METADATA_FOLDER) if judge_metadata else []:
             rank = _metadata_rank(key.rsplit("/", 1)[-1])
             if rank is not None:
                 by_rank[rank].append(key)
