@@ -8,8 +8,13 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-# Real backends, one plugin module each: a moto S3 server over HTTP, the PostgreSQL server.
-pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.postgres", "tests.fixtures.backends"]
+# Real backends, one plugin module each: a moto S3 server over HTTP, the PostgreSQL server, a REST catalog.
+pytest_plugins = [
+    "tests.fixtures.s3",
+    "tests.fixtures.postgres",
+    "tests.fixtures.backends",
+    "tests.fixtures.rest_catalog",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from tests.cli.helpers import Node, invoke
 from tests.cli.test_restore import TOPIC, archive, produce
 from tieredstore.cli import app
 from tieredstore.cli.app import _register_commands
+from tieredstore.cli.common import run
 from tieredstore.local.store import LocalMessageStore
 
 ENTRY_POINT = str(Path(sys.executable).with_name("tieredstore"))
@@ -275,6 +277,24 @@ def test_ctrl_c_is_exit_130_not_success(posix: Node) -> None:
                 process.kill()
         assert process.returncode == 130, (command, stderr)
         assert stderr.strip().splitlines()[-1] == "tieredstore: interrupted"
+
+
+def test_ctrl_c_ends_the_command_even_when_the_step_it_interrupts_swallows_the_cancellation() -> None:
+    """A poll that catches its cancellation and returns must not turn a Ctrl-C into a command that goes on."""
+    polls_after_the_signal: list[str] = []
+
+    async def poll() -> str:
+        try:
+            signal.raise_signal(signal.SIGINT)
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            polls_after_the_signal.append("cancelled")
+        return "polled"
+
+    with pytest.raises(KeyboardInterrupt):
+        run(poll())
+    assert polls_after_the_signal == ["cancelled"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the next Ctrl-C is Python's again
 
 
 def test_every_command_documents_an_example() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from tieredstore import config as config_module
 from tieredstore.config import load_config
+from tieredstore.config import section as config_section
 from tieredstore.errors import ConfigError
 
 OLD_FILE = """
@@ -26,7 +26,7 @@ prefetch_handoff = 0.01
 def test_a_config_file_naming_removed_settings_loads_and_warns_once_about_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_module, "_warned_removed", set())
+    monkeypatch.setattr(config_section, "_warned_removed", set())
     path = tmp_path / "tieredstore.toml"
     path.write_text(OLD_FILE)
     with capture_logs() as logs:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.cli.framed import backend_node
 from tests.cli.helpers import CliResult, Node
+from tests.fixtures.s3 import S3Server
 from tests.spark.conftest import spark  # noqa: F401  (the session fixture, for the Spark reader test)
 from tests.spark.helpers import Archive, Row, archive_messages, make_message
 from tieredstore.config import TieredStoreConfig, load_config
@@ -33,6 +34,7 @@ class TableNode:
     archive: Archive
     provider_options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    s3: S3Server | None = None  # the moto server of an S3 cold URL
 
     def __call__(self, *args: str, output: str | None = None) -> CliResult:
         return self.node(*args, output=output)
@@ -49,6 +51,11 @@ class TableNode:
 
     def put(self, messages: dict[tuple[str, int], list[MessageRecord]]) -> None:
         asyncio.run(archive_messages(self.archive, self.provider_options, messages))
+
+    def s3_client(self) -> Any:
+        """A boto3 client on the moto server of an S3 node, to see what landed in its bucket."""
+        assert self.s3 is not None, f"{self.node.name} keeps its cold tier on POSIX"
+        return self.s3.client()
 
     def table(self, topic: str = TOPIC) -> Any:
         return open_catalog(self.config()).load_table(("tieredstore", topic))
@@ -75,8 +82,9 @@ def table_node_on(pair: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
     node.data_dir.mkdir(parents=True, exist_ok=True)
     cold_url = node.cold_url or str(node.data_dir / "cold")
     metadata_url = node.metadata_url or f"sqlite:///{node.data_dir / 'metadata.db'}"
-    options = request.getfixturevalue("s3_server").provider_options() if node.cold_url else {}
-    return TableNode(node, Archive(pair, cold_url, metadata_url), options)
+    s3: S3Server | None = request.getfixturevalue("s3_server") if node.cold_url else None
+    options = s3.provider_options() if s3 is not None else {}
+    return TableNode(node, Archive(pair, cold_url, metadata_url), options, s3=s3)
 
 
 def table_rows(table: Any, row_filter: Any = None) -> list[Row]:

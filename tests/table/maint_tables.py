@@ -93,9 +93,7 @@ def messages(queue_id: int, start: int, count: int, day: int, topic: str = "orde
         "store_timestamp": [DAY0 + timedelta(days=day, seconds=offset) for offset in offsets],
         "body": [f"q{queue_id}-o{offset}-".encode() * 8 for offset in offsets],
     }
-    columns = [
-        filled[f.name] if f.name in filled else pa.nulls(count, type=f.type) for f in ARROW_SCHEMA
-    ]
+    columns = [filled[f.name] if f.name in filled else pa.nulls(count, type=f.type) for f in ARROW_SCHEMA]
     return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
 
 

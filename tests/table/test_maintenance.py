@@ -59,9 +59,7 @@ def _small_file_table(setup: CatalogSetup) -> Table:
     """Two queues on two days, appended in APPENDS syncs of 10 messages per queue and day: many small files."""
     table = message_table(setup.open())
     for i in range(APPENDS):
-        batch = pa.concat_tables(
-            [messages(queue, day * 1000 + i * 10, 10, day) for day in (0, 1) for queue in (0, 1)]
-        )
+        batch = pa.concat_tables([messages(queue, day * 1000 + i * 10, 10, day) for day in (0, 1) for queue in (0, 1)])
         append_messages(table, batch)
     return table
 
@@ -315,9 +313,7 @@ def test_trim_deletes_exactly_the_rows_below_the_low_offsets(setup: CatalogSetup
     # A later trim of the other queue keeps queue 0's record, found below the sync's snapshot.
     assert trim(final, {1: 3}) == 3
     assert json.loads(summary_property(final, TRIMMED_PROPERTY) or "{}") == {"0": 1025, "1": 3}
-    assert final.scan(row_filter=EqualTo("queue_id", 1)).to_arrow().num_rows == len(
-        [r for r in rows if r[1] == 1]
-    ) - 3
+    assert final.scan(row_filter=EqualTo("queue_id", 1)).to_arrow().num_rows == len([r for r in rows if r[1] == 1]) - 3
 
 
 def test_trim_refuses_negative_offsets(setup: CatalogSetup) -> None:

@@ -8,9 +8,12 @@ import asyncio
 import datetime as dt
 import os
 import re
+import signal
+import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from tieredstore.basics import now_ms
@@ -24,8 +27,49 @@ T = TypeVar("T")
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """The async edge of a command."""
-    return asyncio.run(coroutine)
+    """The async edge of a command: Ctrl-C cancels ``coroutine`` and the command ends in KeyboardInterrupt.
+
+    A command that polls (``tail --follow``, ``status --watch``) runs its whole loop in one call.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        return asyncio.run(coroutine)  # SIGINT is ignored (a background job) or the embedding program's
+    interrupted = False
+    tasks: list[asyncio.Task[T]] = []
+
+    # The first Ctrl-C only takes note and cancels: a KeyboardInterrupt raised wherever the main thread is can
+    # land in a finalizer (the event loop's own, as asyncio.run ends), which reports it as ignored and goes on.
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        if interrupted:
+            raise KeyboardInterrupt  # a second Ctrl-C: now, whatever the cancelled command is still doing
+        interrupted = True
+        if tasks and not tasks[0].done():
+            tasks[0].get_loop().call_soon_threadsafe(tasks[0].cancel)
+
+    async def command() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(task)
+        if interrupted:  # before the loop was running: there was nothing to cancel yet
+            coroutine.close()
+            raise asyncio.CancelledError
+        return await coroutine
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        result = asyncio.run(command())
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        raise KeyboardInterrupt from None
+    finally:
+        tasks.clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:  # the coroutine had finished, or swallowed its cancellation, when the signal came
+        raise KeyboardInterrupt
+    return result
 
 
 # ---- beside an archiver --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -208,27 +208,27 @@ def status(
                     f"(tieredstore restore {row['topic']} --queue {row['queue_id']} --to-store DIR)"
                 )
         return
-    count = 0
-    if cli.output.is_json:
-        while True:
-            cli.output.json({"title": "status", "timestamp": now_ms(), "rows": run(snapshot())})
-            count += 1
+
+    async def refresh(show: Callable[[int, list[dict[str, Any]]], None]) -> None:
+        for count in itertools.count(1):
+            taken = now_ms()
+            show(taken, await snapshot())
             if times and count >= times:
                 return
-            time.sleep(interval)
+            await asyncio.sleep(interval)
+
+    if cli.output.is_json:
+        run(refresh(lambda taken, rows: cli.output.json({"title": "status", "timestamp": taken, "rows": rows})))
+        return
     with Live(console=cli.output.console, auto_refresh=False) as live:
-        while True:
-            rows = run(snapshot())
+
+        def draw(taken: int, rows: list[dict[str, Any]]) -> None:
             live.update(
-                cli.output.render_table(
-                    f"status at {iso(now_ms())}", _status_columns(rows), rows, formatters=formatters
-                )
+                cli.output.render_table(f"status at {iso(taken)}", _status_columns(rows), rows, formatters=formatters)
             )
             live.refresh()
-            count += 1
-            if times and count >= times:
-                return
-            time.sleep(interval)
+
+        run(refresh(draw))
 
 
 @app.command("topics")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -176,10 +175,13 @@ def tail(
             cold_readers[0] = reader.cold_reader
             return position
 
-    position = run(print_from(None))
-    while follow:
-        time.sleep(interval)
-        position = run(print_from(position))
+    async def print_and_follow() -> None:
+        position = await print_from(None)
+        while follow:
+            await asyncio.sleep(interval)
+            position = await print_from(position)
+
+    run(print_and_follow())
 
 
 @app.command("offset-for-time")

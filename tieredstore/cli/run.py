@@ -345,7 +345,7 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
                 f"leasing queues as {leases.owner} (lease {settings.lease_duration:g}s); "
                 f"key index namespace {runtime.index.namespace}"
             )
-        table_sync = _table_sync(config, metrics) if config.table.enabled and not options.once else None
+        table_sync = _table_sync(config, metrics, leases) if config.table.enabled and not options.once else None
         dispatcher = Dispatcher.from_runtime(runtime, settings=settings, leases=leases)
         await dispatcher.start()
         note(f"archiving {config.hot_dir} to {runtime.provider.url} (metadata: {runtime.metadata.url})")
@@ -371,14 +371,14 @@ async def _archive_opened(cli: CliState, config: TieredStoreConfig, options: Run
                 await asyncio.to_thread(table_sync.stop, settings.shutdown_timeout)
 
 
-def _table_sync(config: TieredStoreConfig, metrics: Metrics) -> BackgroundTableSync:
+def _table_sync(config: TieredStoreConfig, metrics: Metrics, leases: LeaseManager | None) -> BackgroundTableSync:
     """The background table sync of ``[table] enabled``; imported here, so that only it needs pyiceberg."""
     from tieredstore.table.catalog import require_pyiceberg
 
     require_pyiceberg()  # MissingExtraError naming the extra, before pyarrow or pyiceberg is imported
     from tieredstore.table.background import BackgroundTableSync
 
-    return BackgroundTableSync(config, metrics)
+    return BackgroundTableSync(config, metrics, leases)
 
 
 async def _run_once(cli: CliState, dispatcher: Dispatcher, producer: DemoProducer | None) -> dict[str, Any]:

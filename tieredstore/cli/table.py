@@ -101,6 +101,7 @@ def _print_sync(cli: CliState, result: TopicSync) -> None:
     extras = [
         "registered again from its metadata files" if result.registered else "",
         f"{result.orphans_deleted} orphan files deleted" if result.orphans_deleted else "",
+        f"{result.metadata_orphans_deleted} orphan metadata files deleted" if result.metadata_orphans_deleted else "",
         f"{result.rows_trimmed} rows trimmed below retention" if result.rows_trimmed else "",
         f"{result.snapshots_expired} snapshots expired" if result.snapshots_expired else "",
     ]

@@ -54,13 +54,22 @@ _SCAN_OPTIONS = (
     "table",
     "table_namespace",
     "catalog_uri",
+    "catalog_properties",
 )
+# A REST catalog's credentials, by where the planning process finds them (a variable, a file): never the secret.
+CATALOG_SECRET_OPTIONS = {
+    "catalog_token_env": "token",
+    "catalog_token_file": "token",
+    "catalog_credential_env": "credential",
+    "catalog_credential_file": "credential",
+}
 # Where the keyring is, as in [encryption]: a path and a variable name travel to executors, never key material.
 _KEYRING_OPTIONS = ("keyring_file", "keyring_env")
 _KMS_OPTION = "kms_keys"
 KNOWN_OPTIONS = frozenset(
     _SCAN_OPTIONS
     + _KEYRING_OPTIONS
+    + tuple(CATALOG_SECRET_OPTIONS)
     + (_KMS_OPTION,)
     + _S3_TEXT_OPTIONS
     + _S3_SECRET_OPTIONS
@@ -171,6 +180,25 @@ def _keyring(options: Mapping[str, str]) -> EncryptionSettings:
         raise ConfigError(f"options {sorted(given)} do not name a keyring: {error}") from error
 
 
+def _catalog_properties(options: Mapping[str, str]) -> dict[str, str]:
+    text = options.get("catalog_properties")
+    if text in (None, ""):
+        return {}
+    try:
+        parsed = json.loads(str(text))
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(isinstance(value, str) for value in parsed.values()):
+        raise ConfigError('option catalog_properties must be a JSON object of strings, e.g. {"warehouse": "prod"}')
+    secret = sorted(set(parsed) & set(CATALOG_SECRET_OPTIONS.values()))
+    if secret:
+        raise ConfigError(
+            f"option catalog_properties must not carry {secret}: Spark shows options in plans; name the "
+            "variable or file that holds it with catalog_token_env/_file or catalog_credential_env/_file"
+        )
+    return {str(name): value for name, value in parsed.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class ScanOptions:
     """Everything a scan needs, on the driver and in every task. ``provider_options`` holds secrets."""
@@ -191,6 +219,8 @@ class ScanOptions:
     table: TableMode = TableMode.AUTO
     table_namespace: str = _table_default("namespace")
     catalog_uri: str | None = None
+    catalog_properties: dict[str, str] = field(default_factory=dict)  # a REST catalog's, none of them secret
+    catalog_secrets: dict[str, str] = field(default_factory=dict)  # option (catalog_token_env ...) -> its value
 
     @property
     def uses_metadata(self) -> bool:
@@ -244,6 +274,12 @@ class ScanOptions:
             table=_table_mode(lowered),
             table_namespace=_namespace(lowered),
             catalog_uri=lowered.get("catalog_uri") or None,
+            catalog_properties=_catalog_properties(lowered),
+            catalog_secrets={
+                option: str(lowered[option]).strip()
+                for option in CATALOG_SECRET_OPTIONS
+                if lowered.get(option) not in (None, "")
+            },
         )
 
     @classmethod

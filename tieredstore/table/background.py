@@ -6,6 +6,11 @@ logged, counted (``tieredstore_table_sync_failures``) and tried again on the nex
 
 Each table is also compacted every ``[table] compact_interval`` (0: never), after its sync: one-minute syncs
 would otherwise leave a long-running table as thousands of small files.
+
+With queue leases (several archivers on one PostgreSQL), an archiver syncs only the topics whose
+lowest-numbered queue it holds, so each table has one syncer and the others do not redo its work; when an
+archiver stops, its leases and with them its tables pass to the others. Two syncers of one table, while a
+lease changes hands, are safe: a commit lost to the other is planned again (``table.sync``).
 """
 
 from __future__ import annotations
@@ -28,17 +33,21 @@ from tieredstore.table.sync import TableSyncer, compact_topic, require_unencrypt
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+    from tieredstore.archiver.leases import LeaseManager
+
 log = structlog.get_logger(__name__)
 
 
 class BackgroundTableSync:
     """A daemon thread that syncs every active topic's table, then waits ``commit_interval``, until stopped."""
 
-    def __init__(self, config: TieredStoreConfig, metrics: Metrics) -> None:
+    def __init__(self, config: TieredStoreConfig, metrics: Metrics, leases: LeaseManager | None = None) -> None:
+        """``leases``: the archiver's queue leases, when it has any; then only its topics are synced."""
         # Refused here, at the archiver's start, rather than logged every interval.
         require_unencrypted_allowed(config)
         self.config = config
         self.metrics = metrics
+        self.leases = leases
         self.rounds = 0
         self.compactions = 0
         # When each topic's table was last compacted (monotonic seconds); the first comes one interval after start.
@@ -78,6 +87,8 @@ class BackgroundTableSync:
             for topic in synced_topics(metadata):
                 if self._stop.is_set():
                     return
+                if not self._ours(metadata, topic):
+                    continue
                 sweep = time.monotonic() - self._swept.get(topic, -math.inf) >= self.config.table.orphan_grace
                 try:
                     result = syncer.sync_topic(topic, sweep_orphans=sweep)
@@ -101,6 +112,14 @@ class BackgroundTableSync:
             log.warning("table sync skipped: the catalog cannot be opened", error=str(error))
         finally:
             metadata.close()
+
+    def _ours(self, metadata: MetadataStore, topic: str) -> bool:
+        """Whether this archiver syncs ``topic``: always without leases, else if it holds the topic's
+        lowest-numbered queue (one holder at a time, so one syncer a table)."""
+        if self.leases is None:
+            return True
+        queues = metadata.list_queues(topic)
+        return bool(queues) and self.leases.holds((topic, min(queue.queue_id for queue in queues)))
 
     def _compact_if_due(self, catalog: Catalog, topic: str) -> None:
         interval = self.config.table.compact_interval

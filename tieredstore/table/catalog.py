@@ -48,6 +48,17 @@ def tables_root(config: TieredStoreConfig) -> str:
     raise ConfigError(f"Iceberg tables are kept on POSIX or S3 cold storage, not {redact_url(cold_url)} ({scheme}://)")
 
 
+def cold_key(config: TieredStoreConfig, url: str) -> str | None:
+    """The path under the cold URL (as our providers name it) of ``url``, a table's folder or file; None when
+    ``url`` lies outside the cold URL or is the cold URL itself."""
+    root = tables_root(config).removesuffix(f"/{TABLES_FOLDER}")
+    for prefix in (root, root.removeprefix("file://")):
+        for spelt in (url, url.removeprefix("file://")):
+            if spelt.startswith(prefix + "/") and len(spelt) > len(prefix) + 1:
+                return spelt[len(prefix) + 1 :].rstrip("/")
+    return None
+
+
 def table_path(config: TieredStoreConfig, topic: str) -> str:
     """The logical path (under the cold URL, as our providers name it) of ``topic``'s table folder."""
     return f"{TABLES_FOLDER}/{config.table.namespace}/{topic}"
@@ -90,11 +101,23 @@ def first_line(error: BaseException) -> str:
 
 @contextmanager
 def catalog_errors(topic: str) -> Iterator[None]:
-    """The SQL catalog's database failing mid-sync (down, locked) as MetadataUnavailableError, one line."""
+    """The catalog failing mid-sync as one line: refused credentials as ConfigError; the SQL catalog's database
+    down or locked, or a REST catalog's server error, as MetadataUnavailableError."""
+    from pyiceberg.exceptions import RESTError, ServerError
+
     try:
         yield
-    except SQLAlchemyError as error:
-        raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {first_line(error)}") from error
+    except ConfigError:
+        raise
+    except Exception as error:
+        if _refused_credentials(error):
+            raise ConfigError(
+                f"table {topic}: the Iceberg catalog refused our credentials ([table] catalog_token or "
+                f"catalog_credential): {first_line(error)}"
+            ) from error
+        if isinstance(error, (SQLAlchemyError, RESTError, ServerError)):
+            raise MetadataUnavailableError(f"table {topic}: the Iceberg catalog failed: {first_line(error)}") from error
+        raise
 
 
 def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Catalog:
@@ -108,14 +131,21 @@ def open_catalog(config: TieredStoreConfig, *, create_tables: bool = True) -> Ca
         config.table.catalog_uri,
         file_io_properties(config),
         create_tables=create_tables,
+        rest_properties=config.table.rest_properties(),
     )
 
 
 def open_catalog_at(
-    metadata_url: str | None, catalog_uri: str | None, io_properties: Mapping[str, str], *, create_tables: bool
+    metadata_url: str | None,
+    catalog_uri: str | None,
+    io_properties: Mapping[str, str],
+    *,
+    create_tables: bool,
+    rest_properties: Mapping[str, str] | None = None,
 ) -> Catalog:
-    """The REST catalog at ``catalog_uri`` if given, else the SQL catalog in ``metadata_url``, their files
-    reached with ``io_properties``; what ``open_catalog`` opens, from parts a Spark read's options also give."""
+    """The REST catalog at ``catalog_uri`` if given (with ``rest_properties``: warehouse, prefix, credentials),
+    else the SQL catalog in ``metadata_url``, their files reached with ``io_properties``; what ``open_catalog``
+    opens, from parts a Spark read's options also give."""
     require_pyiceberg()
     from pyiceberg.catalog.rest import RestCatalog
     from pyiceberg.catalog.sql import SqlCatalog
@@ -126,7 +156,7 @@ def open_catalog_at(
         if uri is not None:
             if url_scheme(uri) not in ("http", "https"):
                 raise ConfigError(f"[table] catalog_uri must be an Iceberg REST catalog (http(s)://), not {uri!r}")
-            return RestCatalog(CATALOG_NAME, uri=uri, **properties)
+            return RestCatalog(CATALOG_NAME, uri=uri, **properties, **(rest_properties or {}))
         if metadata_url is None:
             raise ConfigError("an Iceberg catalog needs a metadata database (its SQL catalog) or a REST catalog_uri")
         properties["init_catalog_tables"] = "true" if create_tables else "false"
@@ -135,4 +165,38 @@ def open_catalog_at(
         raise
     except Exception as error:  # pyiceberg and SQLAlchemy raise many kinds; one line says where
         where = redact_url(uri) if uri is not None else safe_url(str(metadata_url))
+        if _refused_credentials(error):
+            raise ConfigError(
+                f"the Iceberg catalog in {where} refused our credentials ([table] catalog_token or "
+                f"catalog_credential): {first_line(error)}"
+            ) from error
         raise MetadataUnavailableError(f"cannot open the Iceberg catalog in {where}: {first_line(error)}") from error
+
+
+def _refused_credentials(error: Exception) -> bool:
+    """Whether a REST catalog answered 401/403 or its OAuth2 exchange failed: settings to fix, not an outage."""
+    from pyiceberg.exceptions import ForbiddenError, OAuthError, UnauthorizedError
+
+    return isinstance(error, (ForbiddenError, OAuthError, UnauthorizedError))
+
+
+@contextmanager
+def refusals_explained(config: TieredStoreConfig, topic: str) -> Iterator[None]:
+    """A REST catalog refusing to create ``topic``'s namespace or table (a location it assigns itself, a
+    namespace it does not allow) as ConfigError, one line: settings to change, not an outage to wait out."""
+    from pyiceberg.exceptions import RESTError, ServerError, ServiceUnavailableError, TooManyRequestsError
+
+    try:
+        yield
+    except RESTError as error:
+        if isinstance(error, (ServerError, ServiceUnavailableError, TooManyRequestsError)) or _refused_credentials(
+            error
+        ):
+            raise
+        hint = ""
+        if config.table.location == "cold":
+            hint = '; if the catalog assigns table locations itself, set [table] location = "catalog"'
+        raise ConfigError(
+            f"table {topic}: the Iceberg catalog refused to create it in namespace {config.table.namespace!r}: "
+            f"{first_line(error)}{hint}"
+        ) from error

@@ -19,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from tieredstore.errors import ConfigError, MissingExtraError, TieredStoreError
 from tieredstore.providers.registry import url_scheme
 from tieredstore.scan.filters import ScanFilter
 from tieredstore.scan.layout import QueueLayout
-from tieredstore.scan.options import ScanOptions, TableMode
+from tieredstore.scan.options import CATALOG_SECRET_OPTIONS, ScanOptions, TableMode
 from tieredstore.scan.planning import PartitionPlan, plan_queues, plan_scan, queue_layouts
 from tieredstore.scan.session import open_scan_provider
 from tieredstore.table.catalog import first_line, open_catalog_at, s3_file_io_properties
@@ -140,6 +142,7 @@ def open_tables(options: ScanOptions, topics: Sequence[str]) -> dict[str, Table]
             options.catalog_uri,
             io_properties(options),
             create_tables=False,
+            rest_properties=rest_properties(options),
         )
         tables = {topic: _load(catalog, options.table_namespace, topic) for topic in topics}
     except ConfigError:
@@ -153,6 +156,24 @@ def open_tables(options: ScanOptions, topics: Sequence[str]) -> dict[str, Table]
         namespace = options.table_namespace
         _no_table(options, f"topic(s) {missing} have no Iceberg table in namespace {namespace!r}")
     return {topic: table for topic, table in tables.items() if table is not None}
+
+
+def rest_properties(options: ScanOptions) -> dict[str, str]:
+    """A REST catalog's properties of a read: its options', and the credentials from the variables or files
+    they name, read where the read is planned (Spark's Python worker on the driver)."""
+    properties = dict(options.catalog_properties)
+    for option, where in options.catalog_secrets.items():
+        if option.endswith("_env"):
+            value = os.environ.get(where, "").strip()
+            if not value:
+                raise ConfigError(f"option {option} names {where}, which is not set where the read is planned")
+        else:
+            try:
+                value = Path(where).read_text(encoding="utf-8").strip()
+            except OSError as error:
+                raise ConfigError(f"option {option}: cannot read {where}: {error.strerror}") from error
+        properties[CATALOG_SECRET_OPTIONS[option]] = value
+    return properties
 
 
 def io_properties(options: ScanOptions) -> dict[str, str]:

@@ -11,8 +11,9 @@ full batch is committed by a thread of its own while the next one is read, one c
 
 Another syncer committing first makes our commit fail (the catalog checks the snapshot we started
 from): the table is reloaded and the work planned again from its new offsets, so no row is written
-twice. A crash between writing Parquet files and committing leaves files no snapshot references;
-``remove_orphan_files`` deletes them once older than ``[table] orphan_grace``.
+twice. A crash between writing Parquet files and committing leaves files no snapshot references (and,
+during the commit, manifests and metadata files nothing references); ``remove_orphan_files`` deletes them
+once older than ``[table] orphan_grace``.
 
 After appending, a sync keeps the table bounded and honest: rows below a queue's first archived offset
 (retention removed them from the cold tier) are trimmed, snapshots older than ``[table] snapshot_max_age``
@@ -37,7 +38,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.scan import ScanOptions, scan_queue
-from tieredstore.table.catalog import catalog_errors, table_location
+from tieredstore.table.catalog import catalog_errors, refusals_explained, table_location
 from tieredstore.table.data_files import DataFileWriter
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
@@ -119,7 +120,8 @@ class TopicSync(SummedProgress):
     rows_added: int = 0
     commits: int = 0
     conflicts: int = 0
-    orphans_deleted: int = 0
+    orphans_deleted: int = 0  # unreferenced data files
+    metadata_orphans_deleted: int = 0  # unreferenced metadata, manifest-list and manifest files
     rows_trimmed: int = 0
     snapshots_expired: int = 0
     registered: bool = False  # the catalog had lost the table: its newest metadata file was registered again
@@ -133,6 +135,7 @@ class TopicSync(SummedProgress):
             "commits": self.commits,
             "conflicts": self.conflicts,
             "orphans_deleted": self.orphans_deleted,
+            "metadata_orphans_deleted": self.metadata_orphans_deleted,
             "rows_trimmed": self.rows_trimmed,
             "snapshots_expired": self.snapshots_expired,
             "registered": self.registered,
@@ -168,19 +171,28 @@ def create_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> Tab
 
 def open_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple[Table, bool]:
     """``create_table``'s table, and whether it was registered again from the metadata its folder held."""
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     existing = load_table(catalog, config, topic)
     if existing is not None:
         return _with_enforced_properties(existing), False
-    try:
-        catalog.create_namespace(config.table.namespace)
-    except NamespaceAlreadyExistsError:
-        pass
+    with refusals_explained(config, topic):
+        try:
+            catalog.create_namespace(config.table.namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        return _create_or_register(catalog, config, topic)
+
+
+def _create_or_register(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple[Table, bool]:
+    from pyiceberg.exceptions import TableAlreadyExistsError
+
     schema = iceberg_schema()
     identifier = table_identifier(config, topic)
+    # A catalog that places tables itself keeps its own record of them: no folder of ours to recover from.
+    placed_by_us = config.table.location == "cold"
     try:
-        metadata_location = newest_metadata_location(config, topic)
+        metadata_location = newest_metadata_location(config, topic) if placed_by_us else None
         if metadata_location is not None:
             table = catalog.register_table(identifier, metadata_location)
             log.warning(
@@ -190,7 +202,7 @@ def open_table(catalog: Catalog, config: TieredStoreConfig, topic: str) -> tuple
         return catalog.create_table(
             identifier,
             schema,
-            location=table_location(config, topic),
+            location=table_location(config, topic) if placed_by_us else None,
             partition_spec=partition_spec(schema),
             sort_order=sort_order(schema),
             properties=table_properties(config.table.target_file_size),
@@ -265,7 +277,7 @@ class TableSyncer:
     ) -> TopicSync:
         """Append everything archived to ``topic``'s table that it does not hold yet (creating it if needed).
 
-        ``sweep_orphans`` first deletes data files no snapshot references (it reads every manifest and lists
+        ``sweep_orphans`` first deletes the files nothing in the table references (it reads every manifest and lists
         the table's folder, so a caller syncing every minute does it less often). ``before_commit`` runs
         before each commit is sent (tests race another syncer there).
         """
@@ -278,7 +290,8 @@ class TableSyncer:
         table, registered = open_table(self.catalog, self.config, topic)
         result = TopicSync(topic, registered=registered)
         if sweep_orphans:
-            result.orphans_deleted = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
+            swept = remove_orphan_files(self.config, table, self.config.table.orphan_grace)
+            result.orphans_deleted, result.metadata_orphans_deleted = swept.data_files, swept.metadata_files
         while True:
             try:
                 self._append_all(table, result, before_commit)
