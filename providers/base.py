@@ -101,6 +101,16 @@ class DeletesObjects(Protocol):
         ...
 
 
+@runtime_checkable
+class PutsObjects(Protocol):
+    """A provider that stores a whole object that is not a segment in one request (the object stores: S3,
+    fsspec), such as an Iceberg table's Parquet file under the cold URL."""
+
+    async def put_object(self, key: str, data: bytes | bytearray) -> None:
+        """Store ``data`` at the logical ``key``, replacing what was there."""
+        ...
+
+
 class FileSegment(abc.ABC):
     """One file of cold storage with buffered appends and a commit position.
 

@@ -100,6 +100,9 @@ class ChunkedProvider(Provider):
     async def delete_objects(self, keys: Sequence[str]) -> None:
         await self.store.delete([check_logical_path(key) for key in keys])
 
+    async def put_object(self, key: str, data: bytes | bytearray) -> None:
+        await self.store.put(check_logical_path(key), data)
+
     async def check_conditional_writes(self) -> bool:
         if not self.store.conditional_create or self._conditional_create_checked:
             return False

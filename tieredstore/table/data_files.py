@@ -22,9 +22,9 @@ import itertools
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.partitioning import PartitionKey
     from pyiceberg.table import Table
+
+# Stores a closed file's bytes at its path (a URL under the cold URL), raising StorageError when it cannot.
+Upload: TypeAlias = Callable[[str, bytes], None]
 
 # Decoded batches waiting for the thread: a few, so memory stays bounded when writing is the slower side.
 QUEUE_BATCHES = 4
@@ -56,6 +59,7 @@ class _OpenFile:
     writer: pq.ParquetWriter
     row_bytes: int  # the table's write.parquet.row-group-size-bytes, in Arrow bytes
     row_limit: int  # the table's write.parquet.row-group-limit
+    upload: Upload | None  # the stream is a buffer this PUTs when the file is closed
     footer: list[pq.FileMetaData] = field(default_factory=list)  # filled by the writer when it closes
     pending: list[pa.RecordBatch] = field(default_factory=list)
     pending_bytes: int = 0
@@ -75,10 +79,12 @@ class _OpenFile:
             self.pending, self.pending_bytes, self.pending_rows = [], 0, 0
 
     def close(self) -> int:
-        """Write the footer and close the stream; the file's size."""
+        """Write the footer and close the stream (storing the file, when it is uploaded whole); its size."""
         self.flush()
         self.writer.close()
         size = int(self.stream.tell())  # what was written: no HEAD request on S3
+        if self.upload is not None:
+            self.upload(self.path, self.stream.getvalue().to_pybytes())
         self.stream.close()
         return size
 
@@ -86,12 +92,14 @@ class _OpenFile:
 class DataFileWriter:
     """Parquet data files of ``table`` for the batches ``add`` is given, written by a thread of its own.
 
+    With ``upload``, each file is encoded into memory and given to it whole when closed (one PUT through our
+    own S3 client, as the archive's objects are sent); without, it is streamed through the table's FileIO.
     ``finish`` waits for the thread and gives the files' ``DataFile``s; ``abort`` stops it when the sync fails
     (the files written so far are then referenced by no snapshot: ``orphans`` removes them). An error of the
     thread is raised by the next ``add`` or by ``finish``, an ``OSError`` of the storage as ``StorageError``.
     """
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, upload: Upload | None = None) -> None:
         from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, compute_statistics_plan, parquet_path_to_id_mapping
         from pyiceberg.table import TableProperties
         from pyiceberg.table.locations import load_location_provider
@@ -100,6 +108,7 @@ class DataFileWriter:
         metadata = table.metadata
         self._topic = table.name()[-1]
         self._io: FileIO = table.io
+        self._upload = upload
         self._schema = metadata.schema()
         self._spec = metadata.spec()
         self._spec_id = metadata.default_spec_id
@@ -235,7 +244,10 @@ class DataFileWriter:
         )
         name = f"00000-{next(self._file_numbers)}-{self._write_uuid}.parquet"
         path = self._locations.new_data_location(data_file_name=name, partition_key=partition_key)
-        stream = self._io.new_output(path).create(overwrite=True)  # a new uuid's name: no existence check
+        if self._upload is not None:
+            stream: Any = pa.BufferOutputStream()
+        else:
+            stream = self._io.new_output(path).create(overwrite=True)  # a new uuid's name: no existence check
         footer: list[pq.FileMetaData] = []
         try:
             writer = pq.ParquetWriter(
@@ -248,7 +260,7 @@ class DataFileWriter:
         except BaseException:
             stream.close()
             raise
-        return _OpenFile(path, partition_key, stream, writer, self._row_bytes, self._row_limit, footer)
+        return _OpenFile(path, partition_key, stream, writer, self._row_bytes, self._row_limit, self._upload, footer)
 
     def _data_file(self, open_file: _OpenFile) -> DataFile:
         from pyiceberg.io.pyarrow import data_file_statistics_from_parquet_metadata

@@ -39,7 +39,7 @@ from tieredstore.errors import ConfigError, StorageError, TieredStoreError
 from tieredstore.metadata import MetadataStore, QueuePosition
 from tieredstore.scan import ScanOptions, scan_queue
 from tieredstore.table.catalog import catalog_errors, refusals_explained, table_location
-from tieredstore.table.data_files import DataFileWriter
+from tieredstore.table.data_files import DataFileWriter, Upload
 from tieredstore.table.offsets import OFFSETS_PROPERTY, encode_offsets, read_offsets
 from tieredstore.table.orphans import remove_orphan_files
 from tieredstore.table.recovery import newest_metadata_location
@@ -50,6 +50,7 @@ from tieredstore.table.schema import (
     sort_order,
     table_properties,
 )
+from tieredstore.table.uploads import object_upload
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -229,13 +230,14 @@ class _Batch:
 
     table: Table
     offsets: dict[int, int]
+    upload: Upload | None  # how the files are stored whole (object stores), else streamed through the FileIO
     writer: DataFileWriter | None = None  # started with the first rows
     nbytes: int = 0
     rows: int = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.writer is None:
-            self.writer = DataFileWriter(self.table)
+            self.writer = DataFileWriter(self.table, self.upload)
         self.writer.add(batch)
         self.nbytes += batch.nbytes
         self.rows += batch.num_rows
@@ -329,7 +331,8 @@ class TableSyncer:
         progress = queue_progress(offsets, self.metadata.list_queues(topic))
         if self.on_plan is not None:
             self.on_plan(topic, sum(q.lag for q in progress))
-        batch = _Batch(table, dict(offsets))
+        upload = object_upload(self.config, table.location())
+        batch = _Batch(table, dict(offsets), upload)
         options = ScanOptions.from_config(self.config, [topic])
         target = self.config.table.target_file_size
         # A full batch is committed by this thread while the next one is read: its files' last row group and
@@ -350,7 +353,7 @@ class TableSyncer:
                         if committing is not None:
                             table = committing.result()  # the previous commit's failure (a _Conflict) stops here
                         committing = committer.submit(self._commit, table, batch, result, before_commit)
-                        batch = _Batch(table, dict(batch.offsets))
+                        batch = _Batch(table, dict(batch.offsets), upload)
                 # Lost offsets at the end of the range give no rows: the queue is done up to its archived offset.
                 batch.offsets[queue.queue_id] = queue.archived_offset
             if committing is not None:
