@@ -26,7 +26,7 @@ PAIRS = ["posix-sqlite", pytest.param("s3-postgres", marks=pytest.mark.postgres)
 
 def data_file_written(node: TableNode) -> bool:
     """Whether the first Parquet file is there: on POSIX from its open (so the kill lands mid-write); on S3
-    once whole, as an object (killed mid-upload, a sync leaves only an incomplete multipart upload, no object).
+    once stored, as an object (a data file goes up in one PUT once encoded: killed before, it leaves nothing).
     """
     if node.s3 is None:
         data = Path(node.archive.cold_url) / "iceberg" / "tieredstore" / TOPIC / "data"
