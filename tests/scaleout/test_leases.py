@@ -71,6 +71,7 @@ def test_renewal_extends_the_expiry_without_changing_the_epoch(stores: list[Meta
         assert row.lease_expiry is not None and row.lease_expiry > (before[queue_id].lease_expiry or 0)
 
 
+@pytest.mark.usefixtures("no_idle_transaction_limit")
 def test_an_expired_lease_is_taken_over_with_a_bumped_epoch_and_the_old_owner_learns_it_lost_it(
     stores: list[MetadataStore],
 ) -> None:
@@ -135,6 +136,7 @@ def test_a_transaction_stalled_past_the_usable_lease_is_ended_by_postgresql(post
             assert connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "2s"
 
 
+@pytest.mark.usefixtures("no_idle_transaction_limit")
 def test_fair_shares_rebalance_when_archivers_join_and_leave(stores: list[MetadataStore]) -> None:
     a, b, c = (
         LeaseManager(s, owner=n, lease_duration=1.5, renew_interval=0.5) for s, n in zip(stores, "abc", strict=True)

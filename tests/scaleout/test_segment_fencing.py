@@ -23,6 +23,8 @@ from tieredstore.leases import LeaseManager
 from tieredstore.metadata import LeaseHold, MetadataStore, SegmentStatus, SegmentUpdate, upgrade
 from tieredstore.providers.memory import MemoryProvider
 
+pytestmark = pytest.mark.usefixtures("no_idle_transaction_limit")
+
 TOPIC = "Orders"
 PATH = "abcd1234_c/b/Orders/0"
 QUEUE = (TOPIC, 0)
