@@ -48,15 +48,20 @@ def tables_root(config: TieredStoreConfig) -> str:
     raise ConfigError(f"Iceberg tables are kept on POSIX or S3 cold storage, not {redact_url(cold_url)} ({scheme}://)")
 
 
+def relative_path(path: str, folder: str) -> str | None:
+    """``path`` relative to ``folder`` (None when not under it), whichever way each spells a local path
+    (file:// or not): pyiceberg, catalogs and our settings do not agree."""
+    path, folder = path.removeprefix("file://"), folder.removeprefix("file://").rstrip("/")
+    return path[len(folder) + 1 :] if path.startswith(folder + "/") else None
+
+
 def cold_key(config: TieredStoreConfig, url: str) -> str | None:
     """The path under the cold URL (as our providers name it) of ``url``, a table's folder or file; None when
     ``url`` lies outside the cold URL or is the cold URL itself."""
-    root = tables_root(config).removesuffix(f"/{TABLES_FOLDER}")
-    for prefix in (root, root.removeprefix("file://")):
-        for spelt in (url, url.removeprefix("file://")):
-            if spelt.startswith(prefix + "/") and len(spelt) > len(prefix) + 1:
-                return spelt[len(prefix) + 1 :].rstrip("/")
-    return None
+    key = relative_path(url, tables_root(config).removesuffix(f"/{TABLES_FOLDER}"))
+    if key is None:
+        return None
+    return key.rstrip("/") or None
 
 
 def table_path(config: TieredStoreConfig, topic: str) -> str:

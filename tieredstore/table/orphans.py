@@ -25,7 +25,7 @@ from tieredstore.config import TieredStoreConfig
 from tieredstore.errors import StorageError
 from tieredstore.providers.base import DeletesObjects, ListsObjects
 from tieredstore.runtime import open_cold_provider
-from tieredstore.table.catalog import cold_key, table_path
+from tieredstore.table.catalog import cold_key, relative_path, table_path
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -85,14 +85,6 @@ def table_references(table: Table) -> TableReferences:
     )
 
 
-def _relative(path: str, location: str) -> str | None:
-    """``path`` relative to the table's folder, whichever way a writer spelt a local path (file:// or not)."""
-    for prefix in (location, location.removeprefix("file://")):
-        if path.startswith(prefix + "/"):
-            return path[len(prefix) + 1 :]
-    return None
-
-
 def remove_orphan_files(config: TieredStoreConfig, table: Table, grace_seconds: float) -> OrphanSweep:
     """Delete the table's unreferenced data and metadata files older than ``grace_seconds``."""
     topic = table.name()[-1]
@@ -103,7 +95,7 @@ def remove_orphan_files(config: TieredStoreConfig, table: Table, grace_seconds: 
         # Elsewhere (another tool's choice, a catalog's storage of its own): not ours to list or delete.
         log.warning("table %s lies at %s, not under the cold URL: its orphan files are left alone", topic, location)
         return OrphanSweep()
-    referenced = {relative for path in table_references(table).all() if (relative := _relative(path, location))}
+    referenced = {relative for path in table_references(table).all() if (relative := relative_path(path, location))}
     # A catalog that placed the table may keep metadata files its metadata log does not name (versions for
     # its own undo): their lifecycle is the catalog's, and only data files are judged.
     judge_metadata = folder == table_path(config, topic)
